@@ -1,0 +1,55 @@
+"""What every backend provides: one model, its tokenizer and its KV cache.
+
+A backend knows nothing of drafting. The engine and the drafters talk to it
+through :class:`Backend` and keep track of its cache through
+:class:`edgespec.cache.CachedModel`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+
+@dataclass
+class VocabInfo:
+    """The facts about a vocabulary that decide whether two models can pair."""
+
+    size: int
+    kind: str  # e.g. "bpe", "spm", "toy"
+    bos_token_id: int | None
+    eos_token_ids: frozenset[int]
+    special_token_ids: dict[str, int] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """One loaded model.
+
+    ``forward(tokens)`` appends ``tokens`` to the KV cache and returns the
+    logits ``[len(tokens), V]`` for exactly those positions (row i predicts the
+    token after ``tokens[i]``); with ``last_only=True`` only the last row,
+    ``[1, V]`` (a prefill). ``rewind(n_past)`` drops everything after the
+    first ``n_past`` cached tokens.
+    """
+
+    name: str
+    vocab: VocabInfo
+    n_ctx: int
+
+    @property
+    def n_past(self) -> int: ...
+
+    def forward(self, tokens: Sequence[int], *, last_only: bool = False) -> np.ndarray: ...
+
+    def rewind(self, n_past: int) -> None: ...
+
+    def tokenize(self, text: str, *, add_bos: bool = True, special: bool = True) -> list[int]: ...
+
+    def token_bytes(self, token_id: int) -> bytes: ...
+
+    def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True) -> str: ...
+
+    def close(self) -> None: ...

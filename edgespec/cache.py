@@ -1,0 +1,74 @@
+"""A model's KV cache as a list of token ids, kept in step with the backend."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from .backends.base import Backend
+
+
+class CachedModel:
+    """A backend together with the token ids its KV cache holds.
+
+    Keeps ``tokens`` and the backend's cache in step, so a caller can ask for
+    "the cache should hold this prefix" (:meth:`sync`) and only the missing
+    tokens are evaluated. If a forward fails or is interrupted (Ctrl-C), the
+    cache is rewound to what it held before, so it never holds unknown tokens.
+    """
+
+    def __init__(self, backend: Backend):
+        self.backend = backend
+        self.tokens: list[int] = []
+        backend.rewind(0)
+
+    def forward(self, token_ids: Sequence[int], *, last_only: bool = False) -> np.ndarray:
+        """Evaluate ``token_ids`` after the cached tokens; return their logits."""
+        before = len(self.tokens)
+        try:
+            logits = self.backend.forward(token_ids, last_only=last_only)
+        except BaseException:
+            self.backend.rewind(before)
+            raise
+        self.tokens.extend(int(t) for t in token_ids)
+        return logits
+
+    def rewind(self, n_past: int) -> None:
+        """Keep only the first ``n_past`` cached tokens."""
+        if n_past < len(self.tokens):
+            self.backend.rewind(n_past)
+            del self.tokens[n_past:]
+
+    def sync(self, context: Sequence[int], *, need_logits: bool) -> tuple[np.ndarray | None, int]:
+        """Make the cache hold exactly ``context``, evaluating only what is missing.
+
+        With ``need_logits`` the last token of ``context`` is (re-)evaluated if
+        necessary so that its logits ``[V]`` can be returned. Returns
+        ``(logits or None, number of tokens evaluated)``.
+        """
+        common = common_prefix_length(self.tokens, context)
+        if need_logits:
+            common = min(common, len(context) - 1)
+        self.rewind(common)
+        missing = context[common:]
+        if not missing:
+            return None, 0
+        logits = self.forward(missing, last_only=True)
+        return logits[-1], len(missing)
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = min(len(a), len(b))
+    # Fast path: the usual case is that one list extends the other.
+    if list(a[:n]) == list(b[:n]):
+        return n
+    lo, hi = 0, n  # invariant: a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if list(a[:mid]) == list(b[:mid]):
+            lo = mid
+        else:
+            hi = mid
+    return lo

@@ -1,0 +1,7 @@
+"""Drafters: what proposes tokens for the target to verify."""
+
+from .base import Draft, Drafter
+from .draft_model import DraftModel
+from .prompt_lookup import PromptLookup
+
+__all__ = ["Draft", "Drafter", "DraftModel", "PromptLookup"]

@@ -1,0 +1,248 @@
+"""The engine: one round loop for speculative and plain decoding.
+
+A round: the drafter proposes up to k tokens for the committed context; the
+target evaluates the last committed token plus the k drafts in one forward
+pass (k+1 rows of logits); the verifier keeps an accepted prefix plus one
+token; the caches drop whatever was not committed. Plain decoding is the same
+loop with no drafts, so benchmarks compare like with like.
+
+Cache invariant between rounds: the target's cache holds the committed
+context minus its last token (the "pending" token, evaluated together with the
+next drafts). The prefill stops one token short for the same reason. The engine restores it in ``finally`` blocks, so an abandoned or
+cancelled generation leaves both caches consistent.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from .backends.base import Backend
+from .cache import CachedModel, common_prefix_length
+from .detokenize import IncrementalDetokenizer, StopMatcher
+from .drafters.base import Drafter
+from .errors import EdgespecError
+from .sampling import SamplingParams, logits_to_probs, make_rng, sample_from
+from .stats import GenerationStats
+from .verify import greedy_verify, rejection_sample
+
+
+@dataclass
+class Chunk:
+    """A piece of streamed output.
+
+    ``token_ids`` are the tokens committed with it (one per chunk, except the
+    final chunk, which carries none but has ``finish_reason`` and ``stats``).
+    ``from_draft`` is True when the token was an accepted draft.
+    """
+
+    text: str
+    token_ids: list[int]
+    from_draft: bool = False
+    finish_reason: str | None = None  # "stop", "length" or "cancelled" on the last chunk
+    stats: GenerationStats | None = None
+
+
+@dataclass
+class Generation:
+    """A finished generation."""
+
+    text: str
+    token_ids: list[int]
+    from_draft: list[bool]
+    finish_reason: str
+    stats: GenerationStats
+
+
+@dataclass
+class _Run:
+    """The state of one generation, shared by the token loop and its caller."""
+
+    context: list[int]
+    params: SamplingParams
+    rng: np.random.Generator
+    max_tokens: int
+    speculative: bool
+    stats: GenerationStats
+    finish_reason: str | None = None
+    generated: list[int] = field(default_factory=list)
+
+
+class Engine:
+    """Generates text from a target model, optionally with a drafter.
+
+    One generation runs at a time per engine; :meth:`cancel` stops the
+    running one from any thread.
+    """
+
+    def __init__(self, target: Backend, drafter: Drafter | None = None, *, num_draft: int = 4):
+        if num_draft < 1:
+            raise ValueError(f"invalid num_draft={num_draft!r}: must be an integer >= 1")
+        self.target = target
+        self.drafter = drafter
+        self.num_draft = num_draft
+        self.target_cache = CachedModel(target)
+        self._busy = threading.Lock()
+        self._cancel = threading.Event()
+
+    # -- public API -----------------------------------------------------------------
+
+    def tokenize(self, prompt: str | Sequence[int]) -> list[int]:
+        """Token ids of a prompt given as text (special tokens parsed) or as ids."""
+        if isinstance(prompt, str):
+            return self.target.tokenize(prompt, add_bos=True, special=True)
+        return [int(t) for t in prompt]
+
+    def stream(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
+               max_tokens: int = 256, stop: Sequence[str] = (), speculative: bool = True,
+               rng: np.random.Generator | None = None) -> Iterator[Chunk]:
+        """Yield :class:`Chunk` objects as tokens are committed.
+
+        The last chunk has ``finish_reason`` and ``stats``. Closing the
+        generator early (or :meth:`cancel`) leaves the engine ready for the
+        next call.
+        """
+        params = params or SamplingParams()
+        if max_tokens < 1:
+            raise ValueError(f"invalid max_tokens={max_tokens!r}: must be an integer >= 1")
+        prompt_ids = self.tokenize(prompt)
+        if not prompt_ids:
+            raise EdgespecError("the prompt is empty: give at least one token of text")
+        if len(prompt_ids) >= self.target.n_ctx:
+            raise EdgespecError(
+                f"the prompt has {len(prompt_ids)} tokens but the context holds {self.target.n_ctx}: "
+                f"shorten the prompt or raise --ctx")
+        if not self._busy.acquire(blocking=False):
+            raise EdgespecError("this engine is already generating: wait for the running "
+                                "generation to finish or cancel it first")
+        try:
+            self._cancel.clear()
+            stats = GenerationStats(
+                drafter=self.drafter.name if (speculative and self.drafter) else "none",
+                prompt_tokens=len(prompt_ids))
+            run = _Run(list(prompt_ids), params, rng or make_rng(params), max_tokens,
+                       speculative and self.drafter is not None, stats)
+            yield from self._stream_text(run, stop)
+        finally:
+            self._busy.release()
+
+    def generate(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
+                 **options) -> Generation:
+        """Run :meth:`stream` to the end and collect the result."""
+        texts, token_ids, from_draft = [], [], []
+        for chunk in self.stream(prompt, params, **options):
+            texts.append(chunk.text)
+            token_ids.extend(chunk.token_ids)
+            from_draft.extend([chunk.from_draft] * len(chunk.token_ids))
+            if chunk.finish_reason is not None:
+                return Generation("".join(texts), token_ids, from_draft,
+                                  chunk.finish_reason, chunk.stats)
+        raise AssertionError("stream ended without a final chunk")
+
+    def cancel(self) -> None:
+        """Ask the running generation to stop after the token being committed."""
+        self._cancel.set()
+
+    # -- text layer -----------------------------------------------------------------
+
+    def _stream_text(self, run: _Run, stop: Sequence[str]) -> Iterator[Chunk]:
+        detok = IncrementalDetokenizer(self.target.token_bytes)
+        matcher = StopMatcher(stop)
+        tokens = self._decode(run)
+        stopped = False
+        try:
+            for token, from_draft in tokens:
+                text, stopped = matcher.feed(detok.add(token))
+                yield Chunk(text, [token], from_draft)
+                if stopped:
+                    run.finish_reason = "stop"
+                    break
+        finally:
+            tokens.close()  # runs the token loop's cleanup (cache rewind, timings)
+        tail = "" if stopped else matcher.flush(detok.flush())
+        yield Chunk(tail, [], False, run.finish_reason, run.stats)
+
+    # -- token loop -----------------------------------------------------------------
+
+    def _decode(self, run: _Run) -> Iterator[tuple[int, bool]]:
+        """Yield ``(token_id, from_draft)`` for each committed token."""
+        stats, ctx = run.stats, run.context
+        eos = self.target.vocab.eos_token_ids
+        start = time.perf_counter()
+        decode_start = None
+        try:
+            # Prefill all but the last prompt token: it is evaluated with the first
+            # round's drafts, so even the first generated token is speculative.
+            _, evaluated = self.target_cache.sync(ctx[:-1], need_logits=False)
+            stats.prompt_eval_tokens = evaluated + 1
+            if run.speculative:
+                stats.draft_prompt_eval_tokens = self.drafter.prefill(ctx)
+            decode_start = time.perf_counter()
+            stats.prefill_time_s = decode_start - start
+            while True:
+                for token, from_draft in self._round(run):
+                    stats.generated_tokens += 1
+                    if token in eos:
+                        run.finish_reason = "stop"
+                        return
+                    ctx.append(token)
+                    run.generated.append(token)
+                    yield token, from_draft
+                    if stats.generated_tokens >= run.max_tokens or len(ctx) >= self.target.n_ctx:
+                        run.finish_reason = "length"
+                        return
+                    if self._cancel.is_set():
+                        run.finish_reason = "cancelled"
+                        return
+        finally:
+            if decode_start is not None:
+                stats.decode_time_s = time.perf_counter() - decode_start
+            self.target_cache.rewind(common_prefix_length(self.target_cache.tokens, ctx))
+            if run.speculative:
+                self.drafter.rewind(ctx)
+
+    def _round(self, run: _Run) -> list[tuple[int, bool]]:
+        """One target pass: verify a draft if there is one, else a plain step."""
+        stats, ctx = run.stats, run.context
+        self.target_cache.sync(ctx[:-1], need_logits=False)  # drops last round's rejected drafts
+        # Draft no more than the context holds or the caller will use (the target's
+        # own token after the drafts makes up the last one).
+        num_draft = min(self.num_draft, self.target.n_ctx - len(ctx),
+                        run.max_tokens - stats.generated_tokens - 1)
+        draft_ids: list[int] = []
+        if run.speculative and num_draft > 0:
+            t0 = time.perf_counter()
+            draft = self.drafter.propose(ctx, num_draft, run.params, run.rng)
+            stats.draft_time_s += time.perf_counter() - t0
+            draft_ids = draft.token_ids[:num_draft]
+
+        t0 = time.perf_counter()
+        if not draft_ids:
+            logits = self.target_cache.forward([ctx[-1]])[-1]  # [V]
+            token = self._sample(logits, run)
+            stats.plain_steps += 1
+            stats.plain_time_s += time.perf_counter() - t0
+            return [(token, False)]
+
+        logits = self.target_cache.forward([ctx[-1], *draft_ids])  # [k+1, V]
+        if run.params.greedy:
+            new = greedy_verify(np.argmax(logits, axis=-1), draft_ids)
+        else:
+            draft_probs = None if draft.probs is None else draft.probs[:len(draft_ids)]
+            target_probs = logits_to_probs(logits, run.params)  # [k+1, V]
+            new = rejection_sample(target_probs, draft_ids, draft_probs, run.rng)
+        num_accepted = len(new) - 1
+        stats.record_round(len(draft_ids), num_accepted)
+        self.drafter.accepted(num_accepted)
+        stats.verify_time_s += time.perf_counter() - t0
+        return [(t, True) for t in new[:-1]] + [(new[-1], False)]
+
+    @staticmethod
+    def _sample(logits: np.ndarray, run: _Run) -> int:
+        if run.params.greedy:
+            return int(np.argmax(logits))
+        return sample_from(logits_to_probs(logits, run.params), run.rng)

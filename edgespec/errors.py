@@ -1,0 +1,8 @@
+"""The one exception type that carries a message meant for the user."""
+
+
+class EdgespecError(Exception):
+    """A user-facing error: its message names the problem and the fix.
+
+    The CLI prints it on one line and exits non-zero, without a traceback.
+    """

@@ -1,0 +1,153 @@
+"""The round loop on the toy backend: greedy equality, stopping, caches, stats."""
+
+import numpy as np
+import pytest
+
+from edgespec import DraftModel, EdgespecError, Engine, PromptLookup, SamplingParams
+from edgespec.backends.toy import ToyBackend
+from edgespec.detokenize import IncrementalDetokenizer, StopMatcher
+
+GREEDY = SamplingParams(temperature=0)
+
+
+def toy_pair(vocab=12, noise=0.7):
+    target = ToyBackend.random(vocab, seed=5, scale=2.0)
+    return target, target.perturbed(noise=noise, seed=6)
+
+
+@pytest.mark.parametrize("make_drafter", [
+    lambda draft: DraftModel(draft),
+    lambda draft: PromptLookup(min_ngram=1, max_ngram=3),
+], ids=["draft-model", "lookup"])
+@pytest.mark.parametrize("num_draft", [1, 3, 6])
+def test_greedy_speculative_equals_greedy_plain(make_drafter, num_draft):
+    target, draft = toy_pair()
+    engine = Engine(target, make_drafter(draft), num_draft=num_draft)
+    prompt = [0, 1, 2, 3, 0, 1]
+    plain = engine.generate(prompt, GREEDY, max_tokens=80, speculative=False)
+    spec = engine.generate(prompt, GREEDY, max_tokens=80)
+    assert spec.token_ids == plain.token_ids
+    assert len(spec.token_ids) == 80
+    assert spec.stats.drafted > 0 and spec.stats.accepted > 0
+    # Fewer target passes than tokens is the whole point.
+    assert spec.stats.rounds + spec.stats.plain_steps < 80
+    assert plain.stats.rounds == 0 and plain.stats.plain_steps == 80
+
+
+def test_all_accepted_rounds_keep_the_drafter_aligned():
+    """A twin drafter has every draft accepted: it never ran on its last draft."""
+    target, _ = toy_pair()
+    twin = ToyBackend(target.table.copy())
+    engine = Engine(target, DraftModel(twin), num_draft=4)
+    plain = engine.generate([1, 2], GREEDY, max_tokens=41, speculative=False)
+    spec = engine.generate([1, 2], GREEDY, max_tokens=41)
+    assert spec.token_ids == plain.token_ids
+    assert spec.stats.acceptance_rate == 1.0
+    assert spec.stats.mean_accepted_length == 5.0
+    assert spec.stats.rounds == 8 and spec.stats.plain_steps == 1  # 8 * 5 + 1 = 41
+
+
+def test_stats_add_up():
+    target, draft = toy_pair()
+    engine = Engine(target, DraftModel(draft), num_draft=4)
+    g = engine.generate([3, 4, 5], SamplingParams(temperature=1.0, seed=7), max_tokens=60)
+    s = g.stats
+    assert s.generated_tokens == 60 == len(g.token_ids)
+    assert s.drafted == sum(s.drafted_per_position) and s.accepted == sum(s.accepted_per_position)
+    assert s.mean_accepted_length == pytest.approx(1 + s.accepted / s.rounds)
+    assert sum(g.from_draft) <= s.accepted  # tokens after a finish are never emitted
+    assert s.prompt_tokens == 3 and s.prompt_eval_tokens == 3
+    assert s.tokens_per_second > 0 and s.decode_time_s >= s.draft_time_s
+    assert s.to_dict()["acceptance_rate"] == s.acceptance_rate
+
+
+def test_same_seed_same_output():
+    target, draft = toy_pair()
+    engine = Engine(target, DraftModel(draft), num_draft=3)
+    params = SamplingParams(temperature=0.9, seed=123)
+    assert engine.generate([1], params, max_tokens=30).token_ids == \
+        engine.generate([1], params, max_tokens=30).token_ids
+
+
+def test_eos_stops_and_is_not_emitted():
+    target = ToyBackend.random(6, seed=3, scale=2.0, eos_token_id=5)
+    engine = Engine(target, PromptLookup(min_ngram=1), num_draft=3)
+    g = engine.generate([0, 1], SamplingParams(temperature=1.0, seed=1), max_tokens=500)
+    assert g.finish_reason == "stop" and 5 not in g.token_ids and len(g.token_ids) < 500
+
+
+def test_stop_string_cuts_the_text():
+    target, draft = toy_pair()
+    engine = Engine(target, DraftModel(draft), num_draft=3)
+    full = engine.generate([0], GREEDY, max_tokens=40).text
+    stop = full[10:12]
+    g = engine.generate([0], GREEDY, max_tokens=40, stop=[stop])
+    assert g.finish_reason == "stop"
+    assert g.text == full[:full.index(stop)]
+
+
+def test_abandoned_stream_leaves_caches_consistent():
+    target, draft = toy_pair()
+    drafter = DraftModel(draft)
+    engine = Engine(target, drafter, num_draft=4)
+    stream = engine.stream([0, 1, 2], GREEDY, max_tokens=50)
+    for _ in range(7):
+        next(stream)
+    stream.close()
+    # The caches hold no rejected drafts: only committed tokens.
+    assert target.n_past == len(engine.target_cache.tokens)
+    assert draft.n_past == len(drafter.cache.tokens)
+    committed = engine.target_cache.tokens
+    assert committed[:3] == [0, 1, 2]
+    again = engine.generate([0, 1, 2], GREEDY, max_tokens=50)
+    assert again.token_ids == engine.generate([0, 1, 2], GREEDY, max_tokens=50,
+                                              speculative=False).token_ids
+
+
+def test_second_generation_reuses_the_shared_prefix():
+    target, draft = toy_pair()
+    engine = Engine(target, DraftModel(draft), num_draft=3)
+    first = engine.generate([0, 1, 2, 3], GREEDY, max_tokens=10)
+    follow_up = [0, 1, 2, 3] + first.token_ids + [4, 5]
+    second = engine.generate(follow_up, GREEDY, max_tokens=5)
+    # Only the new tokens (and the last generated one, still pending) are evaluated.
+    assert second.stats.prompt_eval_tokens <= 3
+    assert second.stats.prompt_tokens == len(follow_up)
+
+
+def test_concurrent_generation_is_refused():
+    target, draft = toy_pair()
+    engine = Engine(target, DraftModel(draft))
+    running = engine.stream([0], GREEDY, max_tokens=20)
+    next(running)
+    with pytest.raises(EdgespecError, match="already generating"):
+        next(engine.stream([0], GREEDY, max_tokens=20))
+    running.close()
+    assert engine.generate([0], GREEDY, max_tokens=3).finish_reason == "length"
+
+
+def test_prompt_longer_than_context_is_a_clear_error():
+    target, _ = toy_pair()
+    target.n_ctx = 8
+    engine = Engine(target)
+    with pytest.raises(EdgespecError, match="shorten the prompt"):
+        engine.generate(list(range(10)), GREEDY)
+    g = engine.generate([0, 1, 2], GREEDY, max_tokens=100)
+    assert g.finish_reason == "length" and len(g.token_ids) == 5  # filled the context
+
+
+def test_detokenizer_never_splits_a_character():
+    text = "héllo, 世界 🎉"
+    pieces = [bytes([b]) for b in text.encode()]
+    detok = IncrementalDetokenizer(lambda i: pieces[i])
+    out = [detok.add(i) for i in range(len(pieces))] + [detok.flush()]
+    assert "".join(out) == text
+    assert "\ufffd" not in "".join(out)
+
+
+def test_stop_matcher_holds_back_possible_beginnings():
+    m = StopMatcher(["</end>"])
+    assert m.feed("abc</") == ("abc", False)
+    assert m.feed("en") == ("", False)
+    assert m.feed("x") == ("</enx", False)
+    assert m.feed("y</end>z") == ("y", True)
