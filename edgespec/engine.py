@@ -24,7 +24,9 @@ import numpy as np
 from .backends.base import Backend
 from .cache import CachedModel, common_prefix_length
 from .detokenize import IncrementalDetokenizer, StopMatcher
+from .compat import check_compatible
 from .drafters.base import Drafter
+from .drafters.draft_model import DraftModel
 from .errors import EdgespecError
 from .sampling import SamplingParams, logits_to_probs, make_rng, sample_from
 from .stats import GenerationStats
@@ -82,6 +84,8 @@ class Engine:
     def __init__(self, target: Backend, drafter: Drafter | None = None, *, num_draft: int = 4):
         if num_draft < 1:
             raise ValueError(f"invalid num_draft={num_draft!r}: must be an integer >= 1")
+        if isinstance(drafter, DraftModel):
+            check_compatible(target, drafter.backend)
         self.target = target
         self.drafter = drafter
         self.num_draft = num_draft
@@ -142,6 +146,12 @@ class Engine:
                 return Generation("".join(texts), token_ids, from_draft,
                                   chunk.finish_reason, chunk.stats)
         raise AssertionError("stream ended without a final chunk")
+
+    def close(self) -> None:
+        """Free the models (target and draft model); the engine is unusable afterwards."""
+        self.target.close()
+        if isinstance(self.drafter, DraftModel):
+            self.drafter.backend.close()
 
     def cancel(self) -> None:
         """Ask the running generation to stop after the token being committed."""
@@ -219,6 +229,12 @@ class Engine:
             draft = self.drafter.propose(ctx, num_draft, run.params, run.rng)
             stats.draft_time_s += time.perf_counter() - t0
             draft_ids = draft.token_ids[:num_draft]
+            # A drafter with a few extra vocabulary rows may propose an id the
+            # target does not have: p is 0 there, so the draft ends before it.
+            for i, token in enumerate(draft_ids):
+                if token >= self.target.vocab.size:
+                    draft_ids = draft_ids[:i]
+                    break
 
         t0 = time.perf_counter()
         if not draft_ids:
@@ -232,8 +248,9 @@ class Engine:
         if run.params.greedy:
             new = greedy_verify(np.argmax(logits, axis=-1), draft_ids)
         else:
-            draft_probs = None if draft.probs is None else draft.probs[:len(draft_ids)]
             target_probs = logits_to_probs(logits, run.params)  # [k+1, V]
+            draft_probs = None if draft.probs is None else \
+                _fit_vocab(draft.probs[:len(draft_ids)], target_probs.shape[-1])  # [k, V]
             new = rejection_sample(target_probs, draft_ids, draft_probs, run.rng)
         num_accepted = len(new) - 1
         stats.record_round(len(draft_ids), num_accepted)
@@ -246,3 +263,14 @@ class Engine:
         if run.params.greedy:
             return int(np.argmax(logits))
         return sample_from(logits_to_probs(logits, run.params), run.rng)
+
+
+def _fit_vocab(draft_probs: np.ndarray, vocab_size: int) -> np.ndarray:
+    """q over the target's vocabulary: ids the target lacks have p = 0, so
+    dropping their columns leaves max(p - q, 0) unchanged; missing ids get q = 0."""
+    width = draft_probs.shape[-1]
+    if width == vocab_size:
+        return draft_probs
+    if width > vocab_size:
+        return draft_probs[:, :vocab_size]
+    return np.pad(draft_probs, ((0, 0), (0, vocab_size - width)))

@@ -21,10 +21,12 @@ def exact_distribution(backend, prompt: list[int], params: SamplingParams,
                        length: int) -> dict[tuple[int, ...], float]:
     """P(continuation) for every continuation of ``length`` tokens with P > 0.
 
-    Runs the backend directly (before any engine takes it over) and leaves
-    its cache empty.
+    An end-of-generation token ends a continuation early and is not part of
+    it, as in the engine's output. Runs the backend directly (before any
+    engine takes it over) and leaves its cache empty.
     """
     out: dict[tuple[int, ...], float] = {}
+    eos = backend.vocab.eos_token_ids
 
     def walk(prefix: tuple[int, ...], prob: float) -> None:
         if len(prefix) == length:
@@ -34,7 +36,10 @@ def exact_distribution(backend, prompt: list[int], params: SamplingParams,
         logits = backend.forward(prompt + list(prefix), last_only=True)[-1]
         probs = logits_to_probs(logits, params)
         for token in np.flatnonzero(probs > 0):
-            walk(prefix + (int(token),), prob * float(probs[token]))
+            if int(token) in eos:
+                out[prefix] = out.get(prefix, 0.0) + prob * float(probs[token])
+            else:
+                walk(prefix + (int(token),), prob * float(probs[token]))
 
     walk((), 1.0)
     backend.rewind(0)

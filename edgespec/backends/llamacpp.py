@@ -1,0 +1,319 @@
+"""The llama.cpp backend, on llama-cpp-python's low-level (C API) bindings.
+
+One ``llama_decode`` per forward, with logits requested for exactly the
+positions the caller needs (never for the whole context); rewind through the
+memory API's sequence removal; tokenizer, special tokens and chat template
+from the GGUF file. Draft and target each get their own model and context.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import os
+import threading
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import EdgespecError
+from .base import VocabInfo
+
+try:
+    import llama_cpp as _llama
+except ImportError as exc:  # pragma: no cover - depends on the installation
+    raise EdgespecError(
+        "the llama.cpp backend needs llama-cpp-python: pip install llama-cpp-python") from exc
+
+_VOCAB_KINDS = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2"}
+_GGML_LOG_ERROR = 4
+
+
+class _Log:
+    """Routes llama.cpp's log lines: silent by default, errors kept for messages."""
+
+    lock = threading.Lock()
+    errors: collections.deque = collections.deque(maxlen=8)
+    verbose = bool(os.environ.get("EDGESPEC_VERBOSE"))
+    installed = False
+
+    @staticmethod
+    def _callback(level: int, text: bytes, _user_data) -> None:
+        message = text.decode("utf-8", errors="replace") if text else ""
+        if level == _GGML_LOG_ERROR and message.strip():
+            _Log.errors.append(message.strip())
+        if _Log.verbose:
+            os.write(2, message.encode())
+
+    # Keep a reference: ctypes callbacks are freed with their Python object.
+    c_callback = _llama.llama_log_callback(_callback)
+
+    @classmethod
+    def install(cls) -> None:
+        with cls.lock:
+            if not cls.installed:
+                _llama.llama_log_set(cls.c_callback, ctypes.c_void_p())
+                _llama.llama_backend_init()
+                cls.installed = True
+
+    @classmethod
+    def last_error(cls) -> str:
+        return cls.errors[-1] if cls.errors else "no details from llama.cpp"
+
+
+def physical_core_count() -> int:
+    """Physical CPU cores (llama.cpp's own default for decoding threads)."""
+    try:
+        cores = set()
+        physical_id = core_id = None
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "physical id":
+                    physical_id = value.strip()
+                elif key == "core id":
+                    core_id = value.strip()
+                elif not key and core_id is not None:
+                    cores.add((physical_id, core_id))
+                    physical_id = core_id = None
+        if core_id is not None:
+            cores.add((physical_id, core_id))
+        if cores:
+            return len(cores)
+    except OSError:
+        pass
+    if hasattr(os, "sysconf"):
+        try:  # macOS: hw.physicalcpu through sysctl is not in os; logical/2 is a fair guess
+            import subprocess
+            out = subprocess.run(["sysctl", "-n", "hw.perflevel0.physicalcpu"],
+                                 capture_output=True, text=True, timeout=2)
+            if out.returncode == 0 and out.stdout.strip().isdigit():
+                return int(out.stdout.strip())
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return max(1, os.cpu_count() or 1)
+
+
+def use_extra_buffer_types() -> bool:
+    """Whether llama.cpp may repack weights into its extra CPU buffer types.
+
+    On CPUs with Intel AMX, llama.cpp's AMX buffer type crashes (segfault in
+    the first decode; llama.cpp issues #20824, PR #26954: worker threads lack
+    the AMX tile permission), so it is off there, like ``--no-repack`` /
+    ``llama-bench --repack 0``. ``EDGESPEC_LLAMA_REPACK=1`` or ``0`` overrides.
+    """
+    forced = os.environ.get("EDGESPEC_LLAMA_REPACK")
+    if forced in ("0", "1"):
+        return forced == "1"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return "amx_int8" not in line.split()
+    except OSError:
+        pass
+    return True
+
+
+def check_gguf_file(path: str | os.PathLike) -> Path:
+    """Fail with a clear message unless ``path`` is an existing GGUF file."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise EdgespecError(
+            f"model file not found: {path}: check the path, or give a model name "
+            f"from `edgespec models list`")
+    if path.is_dir():
+        raise EdgespecError(
+            f"{path} is a directory, not a GGUF file: pass the .gguf file inside it "
+            f"(or use --backend mlx for an MLX model directory)")
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise EdgespecError(
+            f"{path} is not a GGUF file (it starts with {magic!r}, not b'GGUF'): "
+            f"pass a .gguf model file")
+    return path
+
+
+class LlamaCppBackend:
+    """A GGUF model on llama.cpp, behind the :class:`~edgespec.backends.base.Backend` protocol."""
+
+    def __init__(self, model_path: str | os.PathLike, *, n_ctx: int = 4096,
+                 n_threads: int | None = None, n_gpu_layers: int = 0,
+                 flash_attn: bool | None = None, n_batch: int = 512, name: str | None = None):
+        path = check_gguf_file(model_path)
+        _Log.install()
+        self.path = path
+        self.name = name or path.stem
+        self.n_threads = n_threads or physical_core_count()
+
+        model_params = _llama.llama_model_default_params()
+        model_params.n_gpu_layers = n_gpu_layers
+        model_params.use_extra_bufts = use_extra_buffer_types()
+        self._model = _llama.llama_model_load_from_file(str(path).encode(), model_params)
+        if not self._model:
+            raise EdgespecError(
+                f"llama.cpp could not load {path} ({_Log.last_error()}): the file is truncated "
+                f"or corrupt; download it again (`edgespec models fetch NAME`)")
+        self._vocab = _llama.llama_model_get_vocab(self._model)
+
+        ctx_params = _llama.llama_context_default_params()
+        ctx_params.n_ctx = n_ctx
+        ctx_params.n_batch = min(n_batch, n_ctx)
+        ctx_params.n_ubatch = min(n_batch, n_ctx)
+        ctx_params.n_seq_max = 1
+        ctx_params.n_threads = self.n_threads
+        ctx_params.n_threads_batch = self.n_threads
+        ctx_params.flash_attn_type = {None: _llama.LLAMA_FLASH_ATTN_TYPE_AUTO,
+                                      True: _llama.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+                                      False: _llama.LLAMA_FLASH_ATTN_TYPE_DISABLED}[flash_attn]
+        ctx_params.no_perf = True
+        self._ctx = _llama.llama_init_from_model(self._model, ctx_params)
+        if not self._ctx:
+            _llama.llama_model_free(self._model)
+            raise EdgespecError(
+                f"llama.cpp could not create a context of {n_ctx} tokens for {path} "
+                f"({_Log.last_error()}): try a smaller --ctx")
+        self._memory = _llama.llama_get_memory(self._ctx)
+        self.n_ctx = _llama.llama_n_ctx(self._ctx)
+        self.n_batch = ctx_params.n_batch
+        self._batch = _llama.llama_batch_init(self.n_batch, 0, 1)
+        self._n_past = 0
+        self.n_vocab = _llama.llama_vocab_n_tokens(self._vocab)
+        self.vocab = self._read_vocab()
+
+    # -- vocabulary ---------------------------------------------------------------
+
+    def _read_vocab(self) -> VocabInfo:
+        v = self._vocab
+        eog = frozenset(t for t in range(self.n_vocab) if _llama.llama_vocab_is_eog(v, t))
+        specials = {}
+        for label, fn in (("bos", _llama.llama_vocab_bos), ("eos", _llama.llama_vocab_eos),
+                          ("eot", _llama.llama_vocab_eot), ("sep", _llama.llama_vocab_sep),
+                          ("nl", _llama.llama_vocab_nl), ("pad", _llama.llama_vocab_pad),
+                          ("fim_pre", _llama.llama_vocab_fim_pre),
+                          ("fim_suf", _llama.llama_vocab_fim_suf),
+                          ("fim_mid", _llama.llama_vocab_fim_mid)):
+            token = fn(v)
+            if token >= 0:
+                specials[label] = int(token)
+        bos = specials.get("bos") if _llama.llama_vocab_get_add_bos(v) else None
+        return VocabInfo(size=self.n_vocab, kind=_VOCAB_KINDS.get(_llama.llama_vocab_type(v), "?"),
+                         bos_token_id=bos, eos_token_ids=eog, special_token_ids=specials)
+
+    def token_text(self, token_id: int) -> str:
+        """The vocabulary's stored text of a token (for compatibility checks)."""
+        return _llama.llama_vocab_get_text(self._vocab, token_id).decode("utf-8", errors="replace")
+
+    def tokenize(self, text: str, *, add_bos: bool = True, special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        buffer = (_llama.llama_token * capacity)()
+        n = _llama.llama_tokenize(self._vocab, data, len(data), buffer, capacity, add_bos, special)
+        if n < 0:  # buffer too small: -n is the size needed
+            capacity = -n
+            buffer = (_llama.llama_token * capacity)()
+            n = _llama.llama_tokenize(self._vocab, data, len(data), buffer, capacity, add_bos, special)
+        return list(buffer[:n])
+
+    def token_bytes(self, token_id: int) -> bytes:
+        buffer = ctypes.create_string_buffer(64)
+        n = _llama.llama_token_to_piece(self._vocab, token_id, buffer, 64, 0, True)
+        if n < 0:
+            buffer = ctypes.create_string_buffer(-n)
+            n = _llama.llama_token_to_piece(self._vocab, token_id, buffer, -n, 0, True)
+        return buffer.raw[:n]
+
+    def chat_template(self) -> str | None:
+        """The Jinja chat template stored in the GGUF metadata, if any."""
+        template = _llama.llama_model_chat_template(self._model, None)
+        return template.decode("utf-8") if template else None
+
+    def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True) -> str:
+        from ..chat_template import render_chat_template
+        return render_chat_template(
+            self.chat_template(), messages, add_generation_prompt=add_generation_prompt,
+            bos_token=self._special_text("bos"), eos_token=self._special_text("eos"))
+
+    def _special_text(self, label: str) -> str:
+        token = self.vocab.special_token_ids.get(label)
+        return self.token_text(token) if token is not None else ""
+
+    # -- evaluation ---------------------------------------------------------------
+
+    @property
+    def n_past(self) -> int:
+        return self._n_past
+
+    def forward(self, tokens: Sequence[int], *, last_only: bool = False) -> np.ndarray:
+        """Decode ``tokens`` after the cache; logits ``[n, V]`` (or ``[1, V]``) as float32."""
+        n = len(tokens)
+        if n == 0:
+            raise ValueError("forward needs at least one token")
+        if self._n_past + n > self.n_ctx:
+            raise EdgespecError(
+                f"the context is full ({self.n_ctx} tokens): start a new conversation or raise --ctx")
+        # Long inputs (prompts) go in n_batch chunks; logits only come from the last chunk.
+        start = 0
+        while n - start > self.n_batch:
+            self._decode(tokens[start:start + self.n_batch], want_logits=False)
+            start += self.n_batch
+        rows = self._decode(tokens[start:], want_logits=True, last_only=last_only)
+        return rows
+
+    def _decode(self, tokens: Sequence[int], *, want_logits: bool, last_only: bool = False):
+        batch = self._batch
+        n = len(tokens)
+        batch.n_tokens = n
+        for i, token in enumerate(tokens):
+            batch.token[i] = token
+            batch.pos[i] = self._n_past + i
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = want_logits and not last_only
+        if want_logits:
+            batch.logits[n - 1] = True
+        status = _llama.llama_decode(self._ctx, batch)
+        if status != 0:
+            # The failed batch may have been partly stored: drop it.
+            _llama.llama_memory_seq_rm(self._memory, 0, self._n_past, -1)
+            if status == 1:
+                raise EdgespecError(
+                    f"no room in the KV cache for {n} more tokens: raise --ctx")
+            raise EdgespecError(f"llama.cpp failed to evaluate the batch (llama_decode returned "
+                                f"{status}; {_Log.last_error()})")
+        self._n_past += n
+        if not want_logits:
+            return None
+        n_rows = 1 if last_only else n
+        # The rows requested are stored contiguously; copy once, as they are
+        # overwritten by the next decode.
+        pointer = _llama.llama_get_logits(self._ctx)
+        return np.ctypeslib.as_array(pointer, shape=(n_rows, self.n_vocab)).copy()
+
+    def rewind(self, n_past: int) -> None:
+        if n_past >= self._n_past:
+            return
+        if not _llama.llama_memory_seq_rm(self._memory, 0, n_past, -1):
+            raise EdgespecError(
+                f"{self.name} cannot rewind its cache (recurrent or sliding-window memory): "
+                f"speculative decoding needs a model whose KV cache can be trimmed")
+        self._n_past = n_past
+
+    def close(self) -> None:
+        """Free the context and the model (the backend is unusable afterwards)."""
+        if getattr(self, "_ctx", None):
+            _llama.llama_batch_free(self._batch)
+            _llama.llama_free(self._ctx)
+            self._ctx = None
+        if getattr(self, "_model", None):
+            _llama.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self):  # pragma: no cover - best effort at interpreter shutdown
+        try:
+            self.close()
+        except Exception:
+            pass

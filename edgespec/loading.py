@@ -1,0 +1,104 @@
+"""From a model argument (path, name, Hub id) and options to a running backend."""
+
+from __future__ import annotations
+
+import platform
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from .backends.base import Backend
+from .drafters import DraftModel, PromptLookup
+from .drafters.base import Drafter
+from .errors import EdgespecError
+from .models import resolve_model
+
+BACKENDS = ("auto", "llama.cpp", "mlx")
+
+
+@dataclass
+class BackendOptions:
+    """How to run a model: the options of ``generate``, ``chat`` and ``bench``."""
+
+    backend: str = "auto"
+    n_ctx: int = 4096
+    n_threads: int | None = None
+    n_gpu_layers: int = 0
+    flash_attn: bool | None = None
+    fetch: bool = False  # fetch a known model that is not downloaded yet
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise EdgespecError(f"unknown backend {self.backend!r}: use one of {', '.join(BACKENDS)}")
+        if self.n_ctx < 16:
+            raise EdgespecError(f"invalid --ctx {self.n_ctx}: the context needs at least 16 tokens")
+        if self.n_threads is not None and self.n_threads < 1:
+            raise EdgespecError(f"invalid --threads {self.n_threads}: must be >= 1")
+
+
+def on_apple_silicon() -> bool:
+    """True on an Apple Silicon Mac, where MLX runs on Metal."""
+    return sys.platform == "darwin" and platform.machine() == "arm64"
+
+
+def is_gguf(path: Path) -> bool:
+    """Whether ``path`` is a file that starts like a GGUF file."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return False
+
+
+def looks_like_hub_id(spec: str) -> bool:
+    """``org/name`` with no file suffix: a Hugging Face repository id."""
+    parts = spec.split("/")
+    return len(parts) == 2 and all(parts) and not spec.endswith(".gguf") and not spec.startswith(".")
+
+
+def pick_backend(spec: str, requested: str) -> str:
+    """The backend that runs ``spec``: as requested, or for ``auto`` MLX on
+    Apple Silicon and for MLX model directories / Hub ids, llama.cpp elsewhere."""
+    if requested != "auto":
+        return requested
+    path = Path(spec).expanduser()
+    if path.is_dir() or (looks_like_hub_id(spec) and not path.exists()):
+        return "mlx"  # an MLX model directory or a Hugging Face repo id
+    if on_apple_silicon():
+        try:
+            import mlx.core  # noqa: F401
+            return "mlx"
+        except ImportError:
+            pass
+    return "llama.cpp"
+
+
+def load_backend(spec: str, options: BackendOptions, *, name: str | None = None) -> Backend:
+    """Load one model (target or drafter) on the chosen backend."""
+    kind = pick_backend(spec, options.backend)
+    if kind == "llama.cpp":
+        path = resolve_model(spec, fetch=options.fetch)
+        from .backends.llamacpp import LlamaCppBackend
+        return LlamaCppBackend(path, n_ctx=options.n_ctx, n_threads=options.n_threads,
+                               n_gpu_layers=options.n_gpu_layers, flash_attn=options.flash_attn,
+                               name=name or _display_name(spec))
+    from .backends.mlx_backend import load_mlx_backend
+    return load_mlx_backend(spec, options, name=name or _display_name(spec))
+
+
+def load_drafter(spec: str | None, options: BackendOptions) -> Drafter | None:
+    """``None``/``"none"``: no drafter; ``"lookup"``: prompt lookup; else a draft model.
+
+    The :class:`~edgespec.engine.Engine` checks a draft model's vocabulary
+    against the target's.
+    """
+    if spec is None or spec == "none":
+        return None
+    if spec == "lookup":
+        return PromptLookup()
+    return DraftModel(load_backend(spec, options))
+
+
+def _display_name(spec: str) -> str:
+    path = Path(spec)
+    return path.stem if path.suffix == ".gguf" else spec.rstrip("/").split("/")[-1]

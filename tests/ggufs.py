@@ -1,0 +1,99 @@
+"""Tiny random-weight llama-architecture GGUF models, written with the `gguf` package.
+
+The vocabulary is a SentencePiece-style list of 3 special tokens and a few
+letters; tests feed token ids directly. With ``byte_tokens`` the 256 byte
+tokens come after the specials, so that any text can be tokenized (llama.cpp
+falls back to bytes for what the vocabulary lacks). Weights are float32 so that other
+backends (MLX) can reproduce the logits to float32 rounding.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+SPECIALS = ["<unk>", "<s>", "</s>"]
+
+
+def tiny_llama_weights(*, vocab_size: int = 16, n_embd: int = 32, n_layer: int = 2,
+                       n_head: int = 4, n_head_kv: int = 2, n_ff: int = 64,
+                       seed: int = 0) -> dict[str, np.ndarray]:
+    """Random weights, named as in GGUF, numpy shapes [out, in]."""
+    rng = np.random.default_rng(seed)
+    head_dim = n_embd // n_head
+
+    def w(*shape, scale=None):
+        scale = scale if scale is not None else 1.0 / np.sqrt(shape[-1])
+        return (rng.normal(0.0, scale, shape)).astype(np.float32)
+
+    weights = {
+        "token_embd.weight": w(vocab_size, n_embd, scale=1.0),
+        "output_norm.weight": np.ones(n_embd, np.float32),
+        "output.weight": w(vocab_size, n_embd, scale=3.0 / np.sqrt(n_embd)),
+    }
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        weights.update({
+            p + "attn_norm.weight": (1 + 0.1 * rng.normal(size=n_embd)).astype(np.float32),
+            p + "attn_q.weight": w(n_embd, n_embd),
+            p + "attn_k.weight": w(n_head_kv * head_dim, n_embd),
+            p + "attn_v.weight": w(n_head_kv * head_dim, n_embd),
+            p + "attn_output.weight": w(n_embd, n_embd),
+            p + "ffn_norm.weight": (1 + 0.1 * rng.normal(size=n_embd)).astype(np.float32),
+            p + "ffn_gate.weight": w(n_ff, n_embd),
+            p + "ffn_up.weight": w(n_ff, n_embd),
+            p + "ffn_down.weight": w(n_embd, n_ff),
+        })
+    return weights
+
+
+def perturbed(weights: dict[str, np.ndarray], *, scale: float, seed: int) -> dict[str, np.ndarray]:
+    """The same model with relative Gaussian noise: a drafter that mostly agrees."""
+    rng = np.random.default_rng(seed)
+    return {name: (w + scale * w.std() * rng.normal(size=w.shape)).astype(np.float32)
+            for name, w in weights.items()}
+
+
+def write_tiny_llama_gguf(path: str | Path, weights: dict[str, np.ndarray], *,
+                          n_head: int = 4, n_head_kv: int = 2, context_length: int = 512,
+                          byte_tokens: bool = False) -> Path:
+    """Write ``weights`` as an F32 llama GGUF with a small SPM vocabulary."""
+    vocab_size, n_embd = weights["token_embd.weight"].shape
+    n_layer = len({k.split(".")[1] for k in weights if k.startswith("blk.")})
+    n_ff = weights["blk.0.ffn_up.weight"].shape[0]
+    byte_pieces = [f"<0x{b:02X}>" for b in range(256)] if byte_tokens else []
+    letters = [chr(ord("a") + i % 26) * (1 + i // 26)
+               for i in range(vocab_size - len(SPECIALS) - len(byte_pieces))]
+    tokens = SPECIALS + byte_pieces + letters
+    types = ([gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
+             + [gguf.TokenType.BYTE] * len(byte_pieces) + [gguf.TokenType.NORMAL] * len(letters))
+    path = Path(path)
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_name("tiny-llama")
+    writer.add_context_length(context_length)
+    writer.add_embedding_length(n_embd)
+    writer.add_block_count(n_layer)
+    writer.add_feed_forward_length(n_ff)
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(n_head_kv)
+    writer.add_rope_dimension_count(n_embd // n_head)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores([-float(i) for i in range(len(tokens))])
+    writer.add_token_types(types)
+    writer.add_unk_token_id(0)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_add_bos_token(False)
+    for name, array in weights.items():
+        writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

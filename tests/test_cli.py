@@ -1,0 +1,101 @@
+"""The command line on real models: output, --json, and one-line errors for bad input."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def edgespec(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "edgespec", *map(str, args)],
+                          capture_output=True, text=True, timeout=600, env=env)
+
+
+def assert_one_line_error(result, *fragments):
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("edgespec: error: ")
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+def test_generate_json_has_text_tokens_and_stats(smollm2_path):
+    result = edgespec("generate", "-m", smollm2_path, "-d", "lookup", "-p", "Count from 1 to 20.",
+                      "--temp", "0", "-n", "24", "--json")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert set(out) == {"text", "token_ids", "from_draft", "finish_reason", "stats"}
+    assert len(out["token_ids"]) == len(out["from_draft"]) == out["stats"]["generated_tokens"] == 24
+    assert out["finish_reason"] == "length" and out["text"]
+    for name in ("rounds", "drafted", "accepted", "acceptance_rate", "mean_accepted_length",
+                 "accepted_per_position", "draft_time_s", "verify_time_s", "tokens_per_second"):
+        assert name in out["stats"]
+    plain = json.loads(edgespec("generate", "-m", smollm2_path, "--no-spec", "-p",
+                                "Count from 1 to 20.", "--temp", "0", "-n", "24", "--json").stdout)
+    assert plain["token_ids"] == out["token_ids"]
+
+
+def test_missing_path(tmp_path):
+    assert_one_line_error(edgespec("generate", "-m", tmp_path / "nope.gguf", "-p", "hi"),
+                          "model file not found", "nope.gguf")
+
+
+def test_not_a_gguf_file(tmp_path):
+    bogus = tmp_path / "notes.gguf"
+    bogus.write_text("hello, I am text")
+    assert_one_line_error(edgespec("generate", "-m", bogus, "-p", "hi"),
+                          "is not a GGUF file", "pass a .gguf model file")
+
+
+def test_truncated_gguf(tmp_path, tiny_gguf_pair):
+    data = tiny_gguf_pair[0].read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[: len(data) // 2])
+    assert_one_line_error(edgespec("generate", "-m", cut, "-p", "hi"),
+                          "truncated or corrupt", "download it again")
+
+
+def test_drafter_of_another_vocabulary(smollm2_path, tiny_gguf_pair):
+    assert_one_line_error(edgespec("generate", "-m", smollm2_path, "-d", tiny_gguf_pair[1],
+                                   "-p", "hi"),
+                          "cannot pair", "draft vocab 16 != target vocab 49152",
+                          "same model family")
+
+
+def test_prompt_longer_than_the_context(smollm2_path):
+    assert_one_line_error(edgespec("generate", "-m", smollm2_path, "--ctx", "256",
+                                   "-p", "word " * 400),
+                          "the context holds 256", "raise --ctx")
+
+
+def test_unknown_model_name():
+    assert_one_line_error(edgespec("generate", "-m", "llama-9000", "-p", "hi"),
+                          "unknown model name 'llama-9000'", "smollm2-135m-instruct")
+
+
+@pytest.mark.parametrize("flag, value, field", [
+    ("--temp", "-1", "temperature"), ("--top-p", "0", "top_p"), ("--min-p", "2", "min_p"),
+    ("--num-draft", "0", "num-draft"),
+])
+def test_invalid_sampling_values(smollm2_path, flag, value, field):
+    assert_one_line_error(edgespec("generate", "-m", smollm2_path, "-p", "hi", flag, value), field)
+
+
+def test_pair_check_lists_reasons_or_says_compatible(smollm2_path, smollm2_q2k_path, tiny_gguf_pair):
+    ok = edgespec("pair", "check", smollm2_path, smollm2_q2k_path)
+    assert ok.returncode == 0 and ok.stdout.startswith("compatible:")
+    bad = edgespec("pair", "check", smollm2_path, tiny_gguf_pair[1])
+    assert bad.returncode == 1
+    reasons = [line for line in bad.stdout.splitlines() if line.startswith("  - ")]
+    assert len(reasons) >= 3  # vocabulary type, size, token text (and special tokens)
+    assert any("token text differs" in r for r in reasons)
+
+
+def test_models_list_shows_known_models():
+    result = edgespec("models", "list")
+    assert result.returncode == 0
+    for name in ("smollm2-135m-instruct", "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"):
+        assert name in result.stdout

@@ -1,0 +1,106 @@
+"""The llama.cpp backend on real llama.cpp: tiny random GGUF files and SmolLM2-135M."""
+
+import numpy as np
+import pytest
+
+from edgespec import DraftModel, EdgespecError, Engine, PromptLookup, SamplingParams
+from edgespec.backends.llamacpp import LlamaCppBackend
+from edgespec.prompting import chat_prompt_ids
+from exactness import SIGNIFICANCE, chi_square_pvalue, exact_distribution, sample_continuations
+
+GREEDY = SamplingParams(temperature=0)
+
+
+def test_rewind_then_forward_reproduces_the_logits(tiny_gguf_pair):
+    backend = LlamaCppBackend(tiny_gguf_pair[0], n_ctx=128)
+    tokens = [1, 5, 9, 3, 7, 12, 4]
+    full = backend.forward(tokens)  # [7, V]
+    assert full.shape == (7, 16) and backend.n_past == 7
+    backend.rewind(3)
+    assert backend.n_past == 3
+    again = backend.forward(tokens[3:])
+    np.testing.assert_allclose(again, full[3:], rtol=0, atol=1e-5)
+    # last_only returns just the final row.
+    backend.rewind(3)
+    np.testing.assert_allclose(backend.forward(tokens[3:], last_only=True)[0], full[-1], atol=1e-5)
+
+
+def test_real_model_rewind_then_forward(smollm2_path):
+    backend = LlamaCppBackend(smollm2_path, n_ctx=256)
+    ids = backend.tokenize("The quick brown fox jumps over the lazy dog", add_bos=False)
+    full = backend.forward(ids)
+    backend.rewind(4)
+    again = backend.forward(ids[4:])
+    # Same positions, same cache: batch kernels may round differently in the last bits.
+    np.testing.assert_allclose(again, full[4:], rtol=0, atol=1e-3)
+    assert (again.argmax(-1) == full[4:].argmax(-1)).all()
+
+
+def test_vocabulary_and_template_come_from_the_gguf(smollm2_path):
+    backend = LlamaCppBackend(smollm2_path, n_ctx=256)
+    assert backend.vocab.size == 49152 and backend.vocab.kind == "bpe"
+    im_end = backend.tokenize("<|im_end|>", add_bos=False, special=True)
+    assert len(im_end) == 1 and im_end[0] in backend.vocab.eos_token_ids
+    ids = chat_prompt_ids(backend, [{"role": "user", "content": "Hi"}])
+    text = b"".join(backend.token_bytes(t) for t in ids).decode()
+    assert text.startswith("<|im_start|>system") and text.endswith("<|im_start|>assistant\n")
+
+
+@pytest.mark.parametrize("drafter", ["draft-model", "lookup"])
+def test_greedy_speculative_equals_plain_on_tiny_models(tiny_gguf_pair, drafter):
+    target = LlamaCppBackend(tiny_gguf_pair[0], n_ctx=256)
+    draft = DraftModel(LlamaCppBackend(tiny_gguf_pair[1], n_ctx=256)) if drafter == "draft-model" \
+        else PromptLookup(min_ngram=1, max_ngram=3)
+    engine = Engine(target, draft, num_draft=4)
+    prompt = [1, 4, 5, 6, 4, 5]
+    plain = engine.generate(prompt, GREEDY, max_tokens=100, speculative=False)
+    spec = engine.generate(prompt, GREEDY, max_tokens=100)
+    assert spec.token_ids == plain.token_ids
+    assert spec.stats.accepted > 0
+
+
+@pytest.mark.parametrize("drafter", ["draft-model", "lookup"])
+def test_greedy_speculative_equals_plain_on_smollm2(smollm2_path, smollm2_q2k_path, drafter):
+    target = LlamaCppBackend(smollm2_path, n_ctx=1024)
+    draft = DraftModel(LlamaCppBackend(smollm2_q2k_path, n_ctx=1024)) if drafter == "draft-model" \
+        else PromptLookup()
+    engine = Engine(target, draft, num_draft=4)
+    prompt = chat_prompt_ids(target, [{"role": "user", "content":
+                                       "List the days of the week, then list them again in reverse."}])
+    plain = engine.generate(prompt, GREEDY, max_tokens=64, speculative=False)
+    spec = engine.generate(prompt, GREEDY, max_tokens=64)
+    assert spec.token_ids == plain.token_ids
+    assert spec.text == plain.text
+    assert spec.stats.accepted > 0
+
+
+def test_statistical_exactness_on_llamacpp(tiny_gguf_pair):
+    """Speculative samples through llama.cpp match the target exactly (chi-square, 0.001)."""
+    target = LlamaCppBackend(tiny_gguf_pair[0], n_ctx=64)
+    params = SamplingParams(temperature=1.0, top_k=6)
+    prompt = [1, 4, 5, 6]
+    expected = exact_distribution(target, prompt, params, 3)
+    engine = Engine(target, DraftModel(LlamaCppBackend(tiny_gguf_pair[1], n_ctx=64)), num_draft=2)
+    counts, totals = sample_continuations(engine, prompt, params, 3, 6000, seed=21)
+    assert 0 < totals.accepted < totals.drafted
+    assert chi_square_pvalue(counts, expected) > SIGNIFICANCE
+
+
+def test_incompatible_drafter_is_refused_with_reasons(tiny_gguf_pair, smollm2_path):
+    target = LlamaCppBackend(smollm2_path, n_ctx=64)
+    other = LlamaCppBackend(tiny_gguf_pair[1], n_ctx=64)
+    with pytest.raises(EdgespecError) as err:
+        Engine(target, DraftModel(other))
+    message = str(err.value)
+    assert "draft vocab 16 != target vocab 49152" in message
+    assert "vocabulary type differs" in message and "pair check" in message
+
+
+def test_context_overflow_during_generation_finishes_cleanly(smollm2_path):
+    target = LlamaCppBackend(smollm2_path, n_ctx=64)  # llama.cpp rounds it up (to 256)
+    engine = Engine(target, PromptLookup(), num_draft=4)
+    prompt = target.tokenize("one two three four five six seven eight nine ten", add_bos=False)
+    g = engine.generate(prompt, GREEDY, max_tokens=10_000)
+    assert g.finish_reason == "length" and len(prompt) + len(g.token_ids) == target.n_ctx
+    # The engine is still usable after filling the context.
+    assert engine.generate(prompt, GREEDY, max_tokens=3).token_ids == g.token_ids[:3]
