@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 
 from .errors import EdgespecError
 from .loading import BACKENDS, BackendOptions
@@ -19,6 +20,8 @@ def add_model_options(parser: argparse.ArgumentParser, *, model_required: bool =
                         help="drafter: a draft model (path or name), or 'lookup' for prompt lookup")
     parser.add_argument("--backend", choices=BACKENDS, default="auto",
                         help="auto: MLX on Apple Silicon, llama.cpp elsewhere")
+    parser.add_argument("--draft-backend", choices=BACKENDS, default=None,
+                        help="backend of the draft model (default: as --backend); mixed pairs work")
     parser.add_argument("--temp", type=float, default=0.8, help="temperature; 0 = greedy")
     parser.add_argument("--top-k", type=int, default=0, help="0 = off")
     parser.add_argument("--top-p", type=float, default=1.0, help="1 = off")
@@ -32,6 +35,8 @@ def add_model_options(parser: argparse.ArgumentParser, *, model_required: bool =
                         help="CPU threads (default: physical cores)")
     parser.add_argument("--ctx", type=int, default=4096, help="context size in tokens")
     parser.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto")
+    parser.add_argument("--mlx-quantize", choices=("4bit", "8bit", "none"), default="4bit",
+                        help="MLX: requantize GGUF tensors other than Q4_0/Q4_1/Q8_0 to this")
 
 
 def backend_options(args, *, fetch: bool = False) -> BackendOptions:
@@ -39,7 +44,7 @@ def backend_options(args, *, fetch: bool = False) -> BackendOptions:
     return BackendOptions(backend=args.backend, n_ctx=args.ctx, n_threads=args.threads,
                           n_gpu_layers=args.n_gpu_layers,
                           flash_attn={"auto": None, "on": True, "off": False}[args.flash_attn],
-                          fetch=fetch)
+                          mlx_quantize=args.mlx_quantize, fetch=fetch)
 
 
 def sampling_params(args):
@@ -62,7 +67,8 @@ def build_engine(args, *, fetch: bool = False):
     options = backend_options(args, fetch=fetch)
     target = load_backend(args.model, options)
     try:
-        drafter = None if args.no_spec else load_drafter(args.draft, options)
+        draft_options = replace(options, backend=args.draft_backend or args.backend)
+        drafter = None if args.no_spec else load_drafter(args.draft, draft_options)
         return Engine(target, drafter, num_draft=args.num_draft)
     except BaseException:
         target.close()

@@ -84,16 +84,20 @@ class Engine:
     def __init__(self, target: Backend, drafter: Drafter | None = None, *, num_draft: int = 4):
         if num_draft < 1:
             raise ValueError(f"invalid num_draft={num_draft!r}: must be an integer >= 1")
-        if isinstance(drafter, DraftModel):
-            check_compatible(target, drafter.backend)
         self.target = target
-        self.drafter = drafter
+        self.set_drafter(drafter)
         self.num_draft = num_draft
         self.target_cache = CachedModel(target)
         self._busy = threading.Lock()
         self._cancel = threading.Event()
 
     # -- public API -----------------------------------------------------------------
+
+    def set_drafter(self, drafter: Drafter | None) -> None:
+        """Use another drafter from the next generation on (checked like the first)."""
+        if isinstance(drafter, DraftModel):
+            check_compatible(self.target, drafter.backend)
+        self.drafter = drafter
 
     def tokenize(self, prompt: str | Sequence[int]) -> list[int]:
         """Token ids of a prompt given as text (special tokens parsed) or as ids."""

@@ -26,12 +26,15 @@ class BackendOptions:
     n_gpu_layers: int = 0
     flash_attn: bool | None = None
     fetch: bool = False  # fetch a known model that is not downloaded yet
+    mlx_quantize: str = "4bit"  # GGUF files with other than Q4_0/Q4_1/Q8_0 tensors, on MLX
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise EdgespecError(f"unknown backend {self.backend!r}: use one of {', '.join(BACKENDS)}")
         if self.n_ctx < 16:
             raise EdgespecError(f"invalid --ctx {self.n_ctx}: the context needs at least 16 tokens")
+        if self.mlx_quantize not in ("4bit", "8bit", "none"):
+            raise EdgespecError(f"invalid --mlx-quantize {self.mlx_quantize!r}: use 4bit, 8bit or none")
         if self.n_threads is not None and self.n_threads < 1:
             raise EdgespecError(f"invalid --threads {self.n_threads}: must be >= 1")
 

@@ -19,8 +19,12 @@ SPECIALS = ["<unk>", "<s>", "</s>"]
 
 def tiny_llama_weights(*, vocab_size: int = 16, n_embd: int = 32, n_layer: int = 2,
                        n_head: int = 4, n_head_kv: int = 2, n_ff: int = 64,
-                       seed: int = 0) -> dict[str, np.ndarray]:
-    """Random weights, named as in GGUF, numpy shapes [out, in]."""
+                       seed: int = 0, eos_logit_scale: float = 1.0) -> dict[str, np.ndarray]:
+    """Random weights, named as in GGUF, numpy shapes [out, in].
+
+    ``eos_logit_scale`` < 1 shrinks the output row of ``</s>`` (id 2), so that
+    greedy generations run long instead of stopping after a few tokens.
+    """
     rng = np.random.default_rng(seed)
     head_dim = n_embd // n_head
 
@@ -33,6 +37,7 @@ def tiny_llama_weights(*, vocab_size: int = 16, n_embd: int = 32, n_layer: int =
         "output_norm.weight": np.ones(n_embd, np.float32),
         "output.weight": w(vocab_size, n_embd, scale=3.0 / np.sqrt(n_embd)),
     }
+    weights["output.weight"][2] *= eos_logit_scale
     for i in range(n_layer):
         p = f"blk.{i}."
         weights.update({
@@ -97,3 +102,56 @@ def write_tiny_llama_gguf(path: str | Path, weights: dict[str, np.ndarray], *,
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def rope_permuted(weights: dict[str, np.ndarray], *, n_head: int = 4, n_head_kv: int = 2
+                  ) -> dict[str, np.ndarray]:
+    """Hugging Face-order weights as llama.cpp's converter writes them: Q/K rows
+    permuted for llama.cpp's rope (``convert_hf_to_gguf.LlamaModel.permute``)."""
+    def permute(w, heads):
+        return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    out = dict(weights)
+    for name, w in weights.items():
+        if name.endswith("attn_q.weight"):
+            out[name] = permute(w, n_head)
+        elif name.endswith("attn_k.weight"):
+            out[name] = permute(w, n_head_kv)
+    return out
+
+
+def write_tiny_mlx_model(folder: str | Path, hf_weights: dict[str, np.ndarray], *,
+                         n_head: int = 4, n_head_kv: int = 2) -> Path:
+    """The same tiny model as an mlx-lm folder, built with mlx-lm's llama classes.
+
+    ``hf_weights`` use GGUF tensor names but Hugging Face row order (no rope
+    permutation). A word-level tokenizer over the same tokens is saved with it.
+    """
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import llama
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from edgespec.gguf_mlx import mlx_name
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab_size, n_embd = hf_weights["token_embd.weight"].shape
+    config = {
+        "model_type": "llama", "hidden_size": int(n_embd),
+        "num_hidden_layers": len({k.split(".")[1] for k in hf_weights if k.startswith("blk.")}),
+        "intermediate_size": int(hf_weights["blk.0.ffn_up.weight"].shape[0]),
+        "num_attention_heads": n_head, "num_key_value_heads": n_head_kv, "rms_norm_eps": 1e-5,
+        "vocab_size": int(vocab_size), "rope_theta": 10000.0, "max_position_embeddings": 512,
+        "tie_word_embeddings": False,
+    }
+    model = llama.Model(llama.ModelArgs.from_dict(config))
+    model.load_weights([(mlx_name(k), mx.array(v)) for k, v in hf_weights.items()], strict=True)
+    mx.save_safetensors(str(folder / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    (folder / "config.json").write_text(__import__("json").dumps(config))
+    tokens = SPECIALS + [chr(ord("a") + i) for i in range(vocab_size - len(SPECIALS))]
+    word_level = Tokenizer(models.WordLevel({t: i for i, t in enumerate(tokens)}, unk_token="<unk>"))
+    word_level.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    PreTrainedTokenizerFast(tokenizer_object=word_level, bos_token="<s>", eos_token="</s>",
+                            unk_token="<unk>").save_pretrained(folder)
+    return folder

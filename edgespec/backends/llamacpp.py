@@ -137,58 +137,43 @@ def check_gguf_file(path: str | os.PathLike) -> Path:
     return path
 
 
-class LlamaCppBackend:
-    """A GGUF model on llama.cpp, behind the :class:`~edgespec.backends.base.Backend` protocol."""
+def _load_model(path: Path, *, n_gpu_layers: int = 0, vocab_only: bool = False):
+    """Load a GGUF file with llama.cpp (weights, or only its vocabulary)."""
+    _Log.install()
+    params = _llama.llama_model_default_params()
+    params.n_gpu_layers = n_gpu_layers
+    params.vocab_only = vocab_only
+    params.use_extra_bufts = use_extra_buffer_types()
+    model = _llama.llama_model_load_from_file(str(path).encode(), params)
+    if not model:
+        raise EdgespecError(
+            f"llama.cpp could not load {path} ({_Log.last_error()}): the file is truncated "
+            f"or corrupt; download it again (`edgespec models fetch NAME`)")
+    return model
 
-    def __init__(self, model_path: str | os.PathLike, *, n_ctx: int = 4096,
-                 n_threads: int | None = None, n_gpu_layers: int = 0,
-                 flash_attn: bool | None = None, n_batch: int = 512, name: str | None = None):
-        path = check_gguf_file(model_path)
-        _Log.install()
-        self.path = path
-        self.name = name or path.stem
-        self.n_threads = n_threads or physical_core_count()
 
-        model_params = _llama.llama_model_default_params()
-        model_params.n_gpu_layers = n_gpu_layers
-        model_params.use_extra_bufts = use_extra_buffer_types()
-        self._model = _llama.llama_model_load_from_file(str(path).encode(), model_params)
-        if not self._model:
-            raise EdgespecError(
-                f"llama.cpp could not load {path} ({_Log.last_error()}): the file is truncated "
-                f"or corrupt; download it again (`edgespec models fetch NAME`)")
-        self._vocab = _llama.llama_model_get_vocab(self._model)
+class GGUFTokenizer:
+    """A GGUF file's tokenizer, special tokens and chat template, through llama.cpp.
 
-        ctx_params = _llama.llama_context_default_params()
-        ctx_params.n_ctx = n_ctx
-        ctx_params.n_batch = min(n_batch, n_ctx)
-        ctx_params.n_ubatch = min(n_batch, n_ctx)
-        ctx_params.n_seq_max = 1
-        ctx_params.n_threads = self.n_threads
-        ctx_params.n_threads_batch = self.n_threads
-        ctx_params.flash_attn_type = {None: _llama.LLAMA_FLASH_ATTN_TYPE_AUTO,
-                                      True: _llama.LLAMA_FLASH_ATTN_TYPE_ENABLED,
-                                      False: _llama.LLAMA_FLASH_ATTN_TYPE_DISABLED}[flash_attn]
-        ctx_params.no_perf = True
-        self._ctx = _llama.llama_init_from_model(self._model, ctx_params)
-        if not self._ctx:
-            _llama.llama_model_free(self._model)
-            raise EdgespecError(
-                f"llama.cpp could not create a context of {n_ctx} tokens for {path} "
-                f"({_Log.last_error()}): try a smaller --ctx")
-        self._memory = _llama.llama_get_memory(self._ctx)
-        self.n_ctx = _llama.llama_n_ctx(self._ctx)
-        self.n_batch = ctx_params.n_batch
-        self._batch = _llama.llama_batch_init(self.n_batch, 0, 1)
-        self._n_past = 0
-        self.n_vocab = _llama.llama_vocab_n_tokens(self._vocab)
+    The MLX backend uses it too for GGUF files, so both backends tokenize a
+    GGUF model identically.
+    """
+
+    def __init__(self, model, *, owns_model: bool = False):
+        self._model = model
+        self._owns_model = owns_model
+        self._vocab = _llama.llama_model_get_vocab(model)
         self.vocab = self._read_vocab()
 
-    # -- vocabulary ---------------------------------------------------------------
+    @classmethod
+    def from_file(cls, path: str | os.PathLike) -> "GGUFTokenizer":
+        """Load only the vocabulary of a GGUF file (no weights)."""
+        return cls(_load_model(check_gguf_file(path), vocab_only=True), owns_model=True)
 
     def _read_vocab(self) -> VocabInfo:
         v = self._vocab
-        eog = frozenset(t for t in range(self.n_vocab) if _llama.llama_vocab_is_eog(v, t))
+        size = _llama.llama_vocab_n_tokens(v)
+        eog = frozenset(t for t in range(size) if _llama.llama_vocab_is_eog(v, t))
         specials = {}
         for label, fn in (("bos", _llama.llama_vocab_bos), ("eos", _llama.llama_vocab_eos),
                           ("eot", _llama.llama_vocab_eot), ("sep", _llama.llama_vocab_sep),
@@ -200,7 +185,7 @@ class LlamaCppBackend:
             if token >= 0:
                 specials[label] = int(token)
         bos = specials.get("bos") if _llama.llama_vocab_get_add_bos(v) else None
-        return VocabInfo(size=self.n_vocab, kind=_VOCAB_KINDS.get(_llama.llama_vocab_type(v), "?"),
+        return VocabInfo(size=size, kind=_VOCAB_KINDS.get(_llama.llama_vocab_type(v), "?"),
                          bos_token_id=bos, eos_token_ids=eog, special_token_ids=specials)
 
     def token_text(self, token_id: int) -> str:
@@ -240,6 +225,68 @@ class LlamaCppBackend:
     def _special_text(self, label: str) -> str:
         token = self.vocab.special_token_ids.get(label)
         return self.token_text(token) if token is not None else ""
+
+    def close(self) -> None:
+        if self._owns_model and self._model:
+            _llama.llama_model_free(self._model)
+            self._model = None
+
+
+class LlamaCppBackend:
+    """A GGUF model on llama.cpp, behind the :class:`~edgespec.backends.base.Backend` protocol."""
+
+    def __init__(self, model_path: str | os.PathLike, *, n_ctx: int = 4096,
+                 n_threads: int | None = None, n_gpu_layers: int = 0,
+                 flash_attn: bool | None = None, n_batch: int = 512, kv_cache_type: str = "f16",
+                 name: str | None = None):
+        path = check_gguf_file(model_path)
+        self.path = path
+        self.name = name or path.stem
+        self.n_threads = n_threads or physical_core_count()
+
+        self._model = _load_model(path, n_gpu_layers=n_gpu_layers)
+        self.tokenizer = GGUFTokenizer(self._model)
+        self.vocab = self.tokenizer.vocab
+
+        ctx_params = _llama.llama_context_default_params()
+        ctx_params.n_ctx = n_ctx
+        ctx_params.n_batch = min(n_batch, n_ctx)
+        ctx_params.n_ubatch = min(n_batch, n_ctx)
+        ctx_params.n_seq_max = 1
+        ctx_params.n_threads = self.n_threads
+        ctx_params.n_threads_batch = self.n_threads
+        ctx_params.flash_attn_type = {None: _llama.LLAMA_FLASH_ATTN_TYPE_AUTO,
+                                      True: _llama.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+                                      False: _llama.LLAMA_FLASH_ATTN_TYPE_DISABLED}[flash_attn]
+        ctx_params.no_perf = True
+        # llama.cpp keeps K/V in f16 by default; f32 makes logits comparable to float32 exactly.
+        ctx_params.type_k = ctx_params.type_v = {"f16": 1, "f32": 0}[kv_cache_type]
+        self._ctx = _llama.llama_init_from_model(self._model, ctx_params)
+        if not self._ctx:
+            _llama.llama_model_free(self._model)
+            raise EdgespecError(
+                f"llama.cpp could not create a context of {n_ctx} tokens for {path} "
+                f"({_Log.last_error()}): try a smaller --ctx")
+        self._memory = _llama.llama_get_memory(self._ctx)
+        self.n_ctx = _llama.llama_n_ctx(self._ctx)
+        self.n_batch = ctx_params.n_batch
+        self._batch = _llama.llama_batch_init(self.n_batch, 0, 1)
+        self._n_past = 0
+        self.n_vocab = self.vocab.size
+
+    # -- vocabulary (the GGUF tokenizer) ------------------------------------------
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.token_text(token_id)
+
+    def tokenize(self, text: str, *, add_bos: bool = True, special: bool = True) -> list[int]:
+        return self.tokenizer.tokenize(text, add_bos=add_bos, special=special)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return self.tokenizer.token_bytes(token_id)
+
+    def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True) -> str:
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
 
     # -- evaluation ---------------------------------------------------------------
 

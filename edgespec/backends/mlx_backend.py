@@ -1,0 +1,224 @@
+"""The MLX backend, on mlx-lm's model classes and its trimmable KV cache.
+
+Metal runs it on Apple Silicon; on Linux MLX uses its CPU backend. Models
+come from an mlx-lm folder, a Hugging Face repo id (a local cache hit needs
+no network), or a GGUF file converted by :mod:`edgespec.gguf_mlx` (whose
+tokenizer and chat template are read through llama.cpp, so both backends
+tokenize a GGUF model identically).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import EdgespecError
+from .base import VocabInfo
+
+try:
+    import mlx.core as mx
+    from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+except ImportError as exc:  # pragma: no cover - depends on the installation
+    raise EdgespecError(
+        "the MLX backend needs mlx and mlx-lm: pip install mlx mlx-lm on macOS, "
+        "pip install 'mlx[cpu]' mlx-lm on Linux") from exc
+
+_PREFILL_CHUNK = 512
+
+
+class MlxBackend:
+    """An mlx-lm model behind the :class:`~edgespec.backends.base.Backend` protocol."""
+
+    def __init__(self, model, tokenizer, *, name: str, n_ctx: int = 4096):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.name = name
+        self.vocab = tokenizer.vocab
+        self.n_ctx = n_ctx
+        self.cache = make_prompt_cache(model)
+        if not can_trim_prompt_cache(self.cache):
+            kinds = sorted({type(c).__name__ for c in self.cache if not c.is_trimmable()})
+            raise EdgespecError(
+                f"{name}: speculative decoding requires a trimmable prompt cache (got "
+                f"{', '.join(kinds)}): use a model with a plain KV cache, or --backend llama.cpp")
+        self._n_past = 0
+
+    @property
+    def n_past(self) -> int:
+        return self._n_past
+
+    def forward(self, tokens: Sequence[int], *, last_only: bool = False) -> np.ndarray:
+        """Run ``tokens`` through the model; logits ``[n, V]`` (``[1, V]`` if ``last_only``)."""
+        n = len(tokens)
+        if n == 0:
+            raise ValueError("forward needs at least one token")
+        if self._n_past + n > self.n_ctx:
+            raise EdgespecError(
+                f"the context is full ({self.n_ctx} tokens): start a new conversation or raise --ctx")
+        ids = mx.array(list(tokens), dtype=mx.uint32)[None]
+        start = 0
+        try:
+            # Long prompts go in chunks so the attention scores stay small.
+            while n - start > _PREFILL_CHUNK:
+                self.model(ids[:, start:start + _PREFILL_CHUNK], cache=self.cache)
+                mx.eval([c.state for c in self.cache])
+                start += _PREFILL_CHUNK
+            logits = self.model(ids[:, start:], cache=self.cache)  # [1, n, V]
+            if last_only:
+                logits = logits[:, -1:, :]
+            logits = logits[0].astype(mx.float32)
+            mx.eval(logits)
+        except BaseException:
+            # Whatever part of the batch reached the cache is dropped.
+            trim_prompt_cache(self.cache, self.cache[0].offset - self._n_past)
+            raise
+        self._n_past += n
+        return np.array(logits, copy=False)
+
+    def rewind(self, n_past: int) -> None:
+        if n_past < self._n_past:
+            trim_prompt_cache(self.cache, self._n_past - n_past)
+            self._n_past = n_past
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.token_text(token_id)
+
+    def tokenize(self, text: str, *, add_bos: bool = True, special: bool = True) -> list[int]:
+        return self.tokenizer.tokenize(text, add_bos=add_bos, special=special)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return self.tokenizer.token_bytes(token_id)
+
+    def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True) -> str:
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+
+    def close(self) -> None:
+        self.model = None
+        self.cache = []
+        if hasattr(self.tokenizer, "close"):
+            self.tokenizer.close()
+        mx.clear_cache()
+
+
+class HFTokenizer:
+    """A Hugging Face tokenizer (from an mlx-lm folder) behind the tokenizer methods."""
+
+    def __init__(self, tokenizer, vocab_size: int, eos_token_ids: Sequence[int]):
+        self.hf = tokenizer
+        self._byte_decoder = None
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        decoder = json.loads(backend.to_str()).get("decoder") if backend is not None else None
+        if decoder and "ByteLevel" in json.dumps(decoder):
+            self._byte_decoder = {c: b for b, c in _bytes_to_unicode().items()}
+        kind = "bpe" if self._byte_decoder else "spm"
+        add_bos = bool(getattr(tokenizer, "add_bos_token", False)) and tokenizer.bos_token_id is not None
+        specials = {label: int(getattr(tokenizer, f"{label}_token_id"))
+                    for label in ("bos", "eos", "pad")
+                    if getattr(tokenizer, f"{label}_token_id", None) is not None}
+        self.vocab = VocabInfo(size=vocab_size, kind=kind,
+                               bos_token_id=tokenizer.bos_token_id if add_bos else None,
+                               eos_token_ids=frozenset(int(t) for t in eos_token_ids),
+                               special_token_ids=specials)
+        self._special_ids = set(tokenizer.all_special_ids) | set(
+            getattr(tokenizer, "added_tokens_decoder", {}) or {})
+
+    def token_text(self, token_id: int) -> str:
+        return self.hf.convert_ids_to_tokens(int(token_id)) or ""
+
+    def tokenize(self, text: str, *, add_bos: bool = True, special: bool = True) -> list[int]:
+        ids = self.hf.encode(text, add_special_tokens=False, split_special_tokens=not special)
+        bos = self.vocab.bos_token_id
+        if add_bos and bos is not None and (not ids or ids[0] != bos):
+            ids.insert(0, bos)
+        return ids
+
+    def token_bytes(self, token_id: int) -> bytes:
+        piece = self.token_text(token_id)
+        if token_id in self._special_ids:
+            return piece.encode()
+        match = re.fullmatch(r"<0x([0-9A-Fa-f]{2})>", piece)
+        if match:
+            return bytes([int(match.group(1), 16)])
+        if self._byte_decoder is not None and all(c in self._byte_decoder for c in piece):
+            return bytes(self._byte_decoder[c] for c in piece)
+        return piece.replace("\u2581", " ").encode()
+
+    def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True) -> str:
+        if getattr(self.hf, "chat_template", None):
+            return self.hf.apply_chat_template(messages, tokenize=False,
+                                               add_generation_prompt=add_generation_prompt)
+        from ..chat_template import render_chat_template
+        return render_chat_template(None, messages, add_generation_prompt=add_generation_prompt)
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte-to-printable-character table (byte-level BPE vocabularies)."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def load_mlx_backend(spec: str, options, *, name: str) -> MlxBackend:
+    """Load ``spec`` (GGUF file, model name, mlx-lm folder or Hub id) on MLX."""
+    from ..loading import is_gguf, looks_like_hub_id
+    from ..models import resolve_model
+
+    path = Path(spec).expanduser()
+    if not path.is_dir() and not (looks_like_hub_id(spec) and not path.exists()):
+        path = resolve_model(spec, fetch=options.fetch)  # a GGUF file or a known model name
+        from .llamacpp import GGUFTokenizer, check_gguf_file
+        check_gguf_file(path)
+        from ..gguf_mlx import convert_gguf
+        folder = convert_gguf(path, quantize=options.mlx_quantize)
+        model, _ = _load_folder(folder)
+        tokenizer = GGUFTokenizer.from_file(path)
+        return MlxBackend(model, tokenizer, name=name, n_ctx=options.n_ctx)
+    folder = path if path.is_dir() else _hub_snapshot(spec)
+    model, config = _load_folder(folder)
+    from mlx_lm.utils import load_tokenizer
+    wrapper = load_tokenizer(folder)
+    vocab_size = int(config.get("vocab_size") or wrapper.vocab_size)
+    tokenizer = HFTokenizer(wrapper._tokenizer, vocab_size, wrapper.eos_token_ids)
+    return MlxBackend(model, tokenizer, name=name, n_ctx=options.n_ctx)
+
+
+def _load_folder(folder: Path):
+    from mlx_lm.utils import load_model
+    if not (folder / "config.json").exists():
+        raise EdgespecError(f"{folder} has no config.json: give an mlx-lm model folder, a Hub id "
+                            f"or a .gguf file")
+    try:
+        return load_model(folder)
+    except (FileNotFoundError, ValueError) as exc:
+        raise EdgespecError(f"mlx-lm could not load {folder} ({exc})") from None
+
+
+def _hub_snapshot(repo: str) -> Path:
+    """A Hub repo's files: from the local cache without network, else downloaded."""
+    from huggingface_hub import snapshot_download
+    cache_dir = os.environ.get("HF_HUB_CACHE") or None
+    try:
+        return Path(snapshot_download(repo, local_files_only=True, cache_dir=cache_dir))
+    except Exception:
+        pass
+    from ..models import _hub_reachable
+    if os.environ.get("HF_HUB_OFFLINE") == "1" or not _hub_reachable():
+        raise EdgespecError(f"{repo} is not in the Hugging Face cache and the Hub is not reachable: "
+                            f"download it on a connected machine, or give a local folder or .gguf file")
+    try:
+        return Path(snapshot_download(repo, cache_dir=cache_dir))
+    except Exception as exc:
+        raise EdgespecError(f"could not download {repo} from the Hub ({type(exc).__name__}): "
+                            f"check the repo id") from None

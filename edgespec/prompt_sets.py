@@ -1,0 +1,36 @@
+"""Built-in benchmark prompt sets (code, edit, chat) and prompt files."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+
+from .errors import EdgespecError
+
+BUILTIN_SETS = ("code", "edit", "chat")
+
+
+def load_prompt_set(name_or_file: str) -> list[str]:
+    """Prompts of a built-in set, or of a file (.json list, or one prompt per line)."""
+    if name_or_file in BUILTIN_SETS:
+        text = resources.files("edgespec").joinpath(f"prompts/{name_or_file}.json").read_text()
+        return json.loads(text)
+    path = Path(name_or_file).expanduser()
+    if not path.is_file():
+        raise EdgespecError(f"unknown prompt set {name_or_file!r}: use one of "
+                            f"{', '.join(BUILTIN_SETS)} or a file of prompts")
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".json":
+        try:
+            prompts = json.loads(text)
+        except ValueError as exc:
+            raise EdgespecError(f"{path} is not valid JSON ({exc}): give a JSON list of strings") from None
+        if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
+            raise EdgespecError(f"{path} must hold a JSON list of prompt strings")
+    else:
+        prompts = [line.strip() for line in text.splitlines()]
+    prompts = [p for p in prompts if p.strip()]
+    if not prompts:
+        raise EdgespecError(f"the prompt file {path} has no prompts: put one prompt per line")
+    return prompts

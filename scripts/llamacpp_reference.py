@@ -1,0 +1,122 @@
+"""llama.cpp's own tools, built from the sources vendored in llama-cpp-python's sdist.
+
+Benchmarks compare edgespec side by side with ``llama-bench`` (plain decoding
+speed) and ``llama-speculative-simple`` (llama.cpp's draft-model speculation)
+built from the *same* llama.cpp that edgespec runs through llama-cpp-python.
+The build is cached in ``$EDGESPEC_HOME/llama.cpp-reference/<version>``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from edgespec.models import edgespec_home
+
+TOOLS = ("llama-bench", "llama-speculative-simple", "llama-lookup")
+
+
+def llama_cpp_python_version() -> str:
+    import llama_cpp
+    return llama_cpp.__version__
+
+
+def reference_bin_dir() -> Path:
+    return edgespec_home() / "llama.cpp-reference" / llama_cpp_python_version() / "build" / "bin"
+
+
+def build_reference(log=print) -> Path:
+    """Build the llama.cpp tools once (about 6 minutes on 2 cores); return their folder."""
+    bin_dir = reference_bin_dir()
+    if all((bin_dir / tool).exists() for tool in TOOLS):
+        return bin_dir
+    root = bin_dir.parent.parent
+    root.mkdir(parents=True, exist_ok=True)
+    version = llama_cpp_python_version()
+    source = root / "src"
+    if not (source / "CMakeLists.txt").exists():
+        with tempfile.TemporaryDirectory() as tmp:
+            log(f"downloading the llama-cpp-python {version} sdist")
+            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary",
+                            ":all:", f"llama-cpp-python=={version}", "-d", tmp, "-q"], check=True)
+            sdist = next(Path(tmp).glob("*.tar.gz"))
+            with tarfile.open(sdist) as tar:
+                tar.extractall(tmp, filter="data")
+            vendored = next(Path(tmp).glob("*/vendor/llama.cpp"))
+            vendored.rename(source)
+    log("building llama-bench, llama-speculative-simple, llama-lookup (cmake)")
+    build = root / "build"
+    subprocess.run(["cmake", "-S", str(source), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
+                    "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF"],
+                   check=True, capture_output=True)
+    subprocess.run(["cmake", "--build", str(build), "-j", str(os.cpu_count() or 2),
+                    "--target", *TOOLS], check=True, capture_output=True)
+    return bin_dir
+
+
+def repack_flag() -> bool:
+    """Run the reference with the same weight repacking edgespec uses."""
+    from edgespec.backends.llamacpp import use_extra_buffer_types
+    return use_extra_buffer_types()
+
+
+def llama_bench_tg(bin_dir: Path, model: Path, *, threads: int, n_gen: int, repetitions: int = 3) -> float:
+    """Token-generation speed (tok/s) that llama-bench measures."""
+    out = subprocess.run([str(bin_dir / "llama-bench"), "-m", str(model), "-t", str(threads),
+                          "-p", "0", "-n", str(n_gen), "-r", str(repetitions),
+                          "--repack", "1" if repack_flag() else "0", "-o", "json"],
+                         check=True, capture_output=True, text=True)
+    results = json.loads(out.stdout)
+    return float(results[0]["avg_ts"])
+
+
+@dataclass
+class SpecResult:
+    """What llama-speculative-simple reports for one prompt."""
+
+    text: str
+    decoded: int
+    tokens_per_second: float
+    drafted: int
+    accepted: int
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+
+def speculative_simple(bin_dir: Path, target: Path, draft: Path, prompt: str, *, threads: int,
+                       num_draft: int, max_tokens: int, n_ctx: int = 4096) -> SpecResult:
+    """Run llama.cpp's draft-model speculation greedily on one (already templated) prompt."""
+    command = [str(bin_dir / "llama-speculative-simple"), "-m", str(target), "-md", str(draft),
+               "-t", str(threads), "-td", str(threads), "-c", str(n_ctx), "-p", prompt,
+               "-n", str(max_tokens), "--temp", "0", "--spec-type", "draft-simple",
+               "--spec-draft-n-max", str(num_draft), "--spec-draft-n-min", "0"]
+    if not repack_flag():
+        command.append("--no-repack")
+    out = subprocess.run(command, capture_output=True, text=True, check=True)
+    log = out.stdout + out.stderr
+
+    def number(pattern: str) -> float:
+        match = re.search(pattern, log)
+        if not match:
+            raise RuntimeError(f"llama-speculative-simple printed no {pattern!r}:\n{log[-2000:]}")
+        return float(match.group(1))
+
+    decoded = int(number(r"decoded\s+(\d+) tokens"))
+    # stdout is "\n\n", the prompt's pieces, the generated text, "\n\n".
+    text = out.stdout[2:]
+    if text.startswith(prompt):
+        text = text[len(prompt):]
+    text = text[:-2] if text.endswith("\n\n") else text
+    return SpecResult(text=text, decoded=decoded,
+                      tokens_per_second=number(r"decoded\s+\d+ tokens in\s+[\d.]+ seconds, speed:\s+([\d.]+)"),
+                      drafted=int(number(r"n_drafted\s*=\s*(\d+)")),
+                      accepted=int(number(r"n_accept\s*=\s*(\d+)")))
