@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
 
 from .errors import EdgespecError
 from .loading import BACKENDS, BackendOptions
@@ -39,12 +38,12 @@ def add_model_options(parser: argparse.ArgumentParser, *, model_required: bool =
                         help="MLX: requantize GGUF tensors other than Q4_0/Q4_1/Q8_0 to this")
 
 
-def backend_options(args, *, fetch: bool = False) -> BackendOptions:
+def backend_options(args) -> BackendOptions:
     """The backend options given on the command line."""
     return BackendOptions(backend=args.backend, n_ctx=args.ctx, n_threads=args.threads,
                           n_gpu_layers=args.n_gpu_layers,
                           flash_attn={"auto": None, "on": True, "off": False}[args.flash_attn],
-                          mlx_quantize=args.mlx_quantize, fetch=fetch)
+                          mlx_quantize=args.mlx_quantize)
 
 
 def sampling_params(args):
@@ -59,20 +58,15 @@ def sampling_params(args):
 
 def build_engine(args, *, fetch: bool = False):
     """Load target and drafter as the arguments say and return an Engine."""
-    from .engine import Engine
-    from .loading import load_backend, load_drafter
+    from .api import load
 
     if args.num_draft < 1:
         raise EdgespecError(f"invalid --num-draft {args.num_draft}: must be >= 1")
-    options = backend_options(args, fetch=fetch)
-    target = load_backend(args.model, options)
-    try:
-        draft_options = replace(options, backend=args.draft_backend or args.backend)
-        drafter = None if args.no_spec else load_drafter(args.draft, draft_options)
-        return Engine(target, drafter, num_draft=args.num_draft)
-    except BaseException:
-        target.close()
-        raise
+    o = backend_options(args)
+    return load(args.model, None if args.no_spec else args.draft, args.backend,
+                draft_backend=args.draft_backend, num_draft=args.num_draft, n_ctx=o.n_ctx,
+                n_threads=o.n_threads, n_gpu_layers=o.n_gpu_layers, flash_attn=o.flash_attn,
+                mlx_quantize=o.mlx_quantize, fetch=fetch)
 
 
 # -- generate ------------------------------------------------------------------------
@@ -171,6 +165,9 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("-n", "--max-tokens", type=int, default=256)
     p.add_argument("--json", action="store_true", help="print one JSON object with text and stats")
     p.set_defaults(func=cmd_generate)
+
+    from .chat_cli import add_chat_parser
+    add_chat_parser(commands, add_model_options)
 
     pair = commands.add_parser("pair", help="drafter/target pairing").add_subparsers(
         dest="pair_command", required=True)

@@ -140,16 +140,26 @@ class Engine:
 
     def generate(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
                  **options) -> Generation:
-        """Run :meth:`stream` to the end and collect the result."""
-        texts, token_ids, from_draft = [], [], []
-        for chunk in self.stream(prompt, params, **options):
-            texts.append(chunk.text)
-            token_ids.extend(chunk.token_ids)
-            from_draft.extend([chunk.from_draft] * len(chunk.token_ids))
-            if chunk.finish_reason is not None:
-                return Generation("".join(texts), token_ids, from_draft,
-                                  chunk.finish_reason, chunk.stats)
-        raise AssertionError("stream ended without a final chunk")
+        """Run :meth:`stream` to the end and collect the result.
+
+        Sampling fields may be given directly (``temperature=0.7``) instead of ``params``.
+        """
+        params, options = _sampling_from(params, options)
+        return _collect(self.stream(prompt, params, **options))
+
+    def chat(self, messages: list[dict], *, stream: bool = True,
+             params: SamplingParams | None = None, **options) -> Iterator[Chunk] | Generation:
+        """Reply to chat ``messages`` (dicts with ``role`` and ``content``).
+
+        Renders them with the target's chat template. With ``stream=True`` it
+        yields :class:`Chunk` objects, the last one with ``finish_reason`` and
+        ``stats``; otherwise it returns the :class:`Generation`. Sampling
+        fields may be given directly (``temperature=0.7, top_p=0.9``).
+        """
+        from .prompting import chat_prompt_ids
+        params, options = _sampling_from(params, options)
+        chunks = self.stream(chat_prompt_ids(self.target, messages), params, **options)
+        return chunks if stream else _collect(chunks)
 
     def close(self) -> None:
         """Free the models (target and draft model); the engine is unusable afterwards."""
@@ -278,3 +288,24 @@ def _fit_vocab(draft_probs: np.ndarray, vocab_size: int) -> np.ndarray:
     if width > vocab_size:
         return draft_probs[:, :vocab_size]
     return np.pad(draft_probs, ((0, 0), (0, vocab_size - width)))
+
+
+_SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "seed")
+
+
+def _sampling_from(params: SamplingParams | None, options: dict) -> tuple[SamplingParams, dict]:
+    """Split sampling fields out of keyword options and merge them into ``params``."""
+    fields = {k: options.pop(k) for k in _SAMPLING_FIELDS if k in options}
+    params = params or SamplingParams()
+    return (params.with_(**fields) if fields else params), options
+
+
+def _collect(chunks: Iterator[Chunk]) -> Generation:
+    texts, token_ids, from_draft = [], [], []
+    for chunk in chunks:
+        texts.append(chunk.text)
+        token_ids.extend(chunk.token_ids)
+        from_draft.extend([chunk.from_draft] * len(chunk.token_ids))
+        if chunk.finish_reason is not None:
+            return Generation("".join(texts), token_ids, from_draft, chunk.finish_reason, chunk.stats)
+    raise AssertionError("stream ended without a final chunk")

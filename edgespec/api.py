@@ -1,0 +1,32 @@
+"""The Python API a desktop app embeds: ``edgespec.load(...)`` returns an Engine."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .engine import Engine
+from .loading import BackendOptions, load_backend, load_drafter
+
+
+def load(model: str, draft: str | None = None, backend: str = "auto", *,
+         draft_backend: str | None = None, num_draft: int = 4, n_ctx: int = 4096,
+         n_threads: int | None = None, n_gpu_layers: int = 0, flash_attn: bool | None = None,
+         mlx_quantize: str = "4bit", fetch: bool = True) -> Engine:
+    """Load a target model (and optionally a drafter) and return an :class:`Engine`.
+
+    ``model``/``draft``: a .gguf path, a name from ``edgespec models list``, an
+    mlx-lm folder or a Hugging Face repo id; ``draft="lookup"`` uses prompt
+    lookup. Known models that are missing are fetched when ``fetch`` is true.
+    Raises :class:`~edgespec.errors.EdgespecError` with a readable reason on
+    bad input (missing file, incompatible drafter, ...).
+    """
+    options = BackendOptions(backend=backend, n_ctx=n_ctx, n_threads=n_threads,
+                             n_gpu_layers=n_gpu_layers, flash_attn=flash_attn,
+                             mlx_quantize=mlx_quantize, fetch=fetch)
+    target = load_backend(model, options)
+    try:
+        drafter = load_drafter(draft, replace(options, backend=draft_backend or backend))
+        return Engine(target, drafter, num_draft=num_draft)
+    except BaseException:
+        target.close()
+        raise
