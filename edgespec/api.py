@@ -4,19 +4,26 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from .adaptive import AUTO_DRAFT_P_MIN
+from .drafters import DraftModel
 from .engine import Engine
 from .loading import BackendOptions, load_backend, load_drafter
 
 
 def load(model: str, draft: str | None = None, backend: str = "auto", *,
-         draft_backend: str | None = None, num_draft: int = 4, n_ctx: int = 4096,
+         draft_backend: str | None = None, num_draft: int | str = "auto",
+         draft_p_min: float | None = None, n_ctx: int = 4096,
          n_threads: int | None = None, n_gpu_layers: int = 0, flash_attn: bool | None = None,
          mlx_quantize: str = "4bit", fetch: bool = True) -> Engine:
     """Load a target model (and optionally a drafter) and return an :class:`Engine`.
 
     ``model``/``draft``: a .gguf path, a name from ``edgespec models list``, an
     mlx-lm folder or a Hugging Face repo id; ``draft="lookup"`` uses prompt
-    lookup. Known models that are missing are fetched when ``fetch`` is true.
+    lookup. ``num_draft="auto"`` (the default) lets the engine pick prompt
+    lookup, the draft model or plain decoding each round from measured costs
+    and acceptance; an integer fixes k. ``draft_p_min``: the draft model stops
+    drafting below this top probability (default 0.5 in auto mode, else 0).
+    Known models that are missing are fetched when ``fetch`` is true.
     Raises :class:`~edgespec.errors.EdgespecError` with a readable reason on
     bad input (missing file, incompatible drafter, ...).
     """
@@ -26,6 +33,9 @@ def load(model: str, draft: str | None = None, backend: str = "auto", *,
     target = load_backend(model, options)
     try:
         drafter = load_drafter(draft, replace(options, backend=draft_backend or backend))
+        if isinstance(drafter, DraftModel):
+            drafter.min_confidence = draft_p_min if draft_p_min is not None else \
+                (AUTO_DRAFT_P_MIN if num_draft == "auto" else 0.0)
         return Engine(target, drafter, num_draft=num_draft)
     except BaseException:
         target.close()

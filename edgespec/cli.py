@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from .errors import EdgespecError
 from .loading import BACKENDS, BackendOptions
@@ -26,7 +27,12 @@ def add_model_options(parser: argparse.ArgumentParser, *, model_required: bool =
     parser.add_argument("--top-p", type=float, default=1.0, help="1 = off")
     parser.add_argument("--min-p", type=float, default=0.0, help="0 = off")
     parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--num-draft", type=int, default=4, help="tokens drafted per round (k)")
+    parser.add_argument("--num-draft", type=num_draft_arg, default="auto",
+                        help="tokens drafted per round (k), or 'auto' (default): choose the "
+                             "drafter and k each round from measured cost and acceptance")
+    parser.add_argument("--draft-p-min", type=float, default=None,
+                        help="the draft model stops below this top probability "
+                             "(default 0.5 with --num-draft auto, else 0)")
     parser.add_argument("--no-spec", action="store_true", help="plain decoding, no drafter")
     parser.add_argument("-ngl", "--n-gpu-layers", type=int, default=0,
                         help="layers to offload to the GPU (CUDA/Metal builds of llama.cpp)")
@@ -36,6 +42,19 @@ def add_model_options(parser: argparse.ArgumentParser, *, model_required: bool =
     parser.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto")
     parser.add_argument("--mlx-quantize", choices=("4bit", "8bit", "none"), default="4bit",
                         help="MLX: requantize GGUF tensors other than Q4_0/Q4_1/Q8_0 to this")
+
+
+def num_draft_arg(value: str) -> int | str:
+    """``--num-draft``: a positive integer or ``auto``."""
+    if value == "auto":
+        return value
+    try:
+        k = int(value)
+    except ValueError:
+        k = 0
+    if k < 1:
+        raise argparse.ArgumentTypeError(f"invalid --num-draft {value!r}: must be 'auto' or an integer >= 1")
+    return k
 
 
 def backend_options(args) -> BackendOptions:
@@ -59,12 +78,19 @@ def sampling_params(args):
 def build_engine(args, *, fetch: bool = False):
     """Load target and drafter as the arguments say and return an Engine."""
     from .api import load
+    from .bench import load_profile
 
-    if args.num_draft < 1:
-        raise EdgespecError(f"invalid --num-draft {args.num_draft}: must be >= 1")
     o = backend_options(args)
+    if args.draft is None and not args.no_spec:
+        profile = load_profile(args.model)
+        if profile:  # `edgespec bench --save-profile` measured the best pairing here
+            args.draft, args.num_draft = profile["draft"], profile["num_draft"]
+            print(f"(saved profile: drafter {args.draft}, k={args.num_draft})", file=sys.stderr)
+    if args.draft_p_min is not None and not 0 <= args.draft_p_min < 1:
+        raise EdgespecError(f"invalid --draft-p-min {args.draft_p_min}: must be 0 <= p < 1")
     return load(args.model, None if args.no_spec else args.draft, args.backend,
-                draft_backend=args.draft_backend, num_draft=args.num_draft, n_ctx=o.n_ctx,
+                draft_backend=args.draft_backend, num_draft=args.num_draft,
+                draft_p_min=args.draft_p_min, n_ctx=o.n_ctx,
                 n_threads=o.n_threads, n_gpu_layers=o.n_gpu_layers, flash_attn=o.flash_attn,
                 mlx_quantize=o.mlx_quantize, fetch=fetch)
 
@@ -130,6 +156,67 @@ def cmd_pair_check(args) -> int:
     return 0
 
 
+# -- quantize, bench ---------------------------------------------------------------
+
+
+def cmd_quantize(args) -> int:
+    from rich.progress import Progress
+
+    from .quantize import quantize
+    with Progress(console=_stderr_console(), transient=True) as bar:
+        task = bar.add_task(f"quantizing to {args.type}", total=None)
+        path = quantize(args.input, args.output, args.type,
+                        progress=lambda done, total: bar.update(task, completed=done, total=total))
+    print(path)
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .bench import BenchConfig, run_bench, save_profile, write_csv, write_json, write_plot
+    from .bench_report import print_report
+
+    def numbers(text, kind, flag):
+        try:
+            return [kind(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise EdgespecError(f"invalid {flag} {text!r}: give comma-separated numbers") from None
+
+    config = BenchConfig(target=args.target, drafters=[d.strip() for d in args.drafters.split(",") if d.strip()],
+                         num_draft=numbers(args.num_draft, int, "--num-draft"),
+                         temperatures=numbers(args.temp, float, "--temp"),
+                         prompt_sets=[p.strip() for p in args.prompts.split(",") if p.strip()],
+                         prompts_per_set=args.prompts_per_set, max_tokens=args.max_tokens,
+                         repeat=args.repeat, auto=not args.no_auto)
+    options = BackendOptions(backend=args.backend, n_ctx=args.ctx, n_threads=args.threads,
+                             n_gpu_layers=args.n_gpu_layers, fetch=True)
+    console = _stderr_console()
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console) as bar:
+        task = bar.add_task("sweep", total=None)
+
+        def progress(done, total, record):
+            bar.update(task, completed=done, total=total,
+                       description=f"{record.prompt_set} T={record.temperature:g} {record.drafter[:28]}"
+                                   f"{' k=' + str(record.num_draft) if record.num_draft else ''}")
+        result = run_bench(config, options, progress=progress, log=console.print)
+    print_report(result)
+    for path, write in ((args.json, write_json), (args.csv, write_csv), (args.plot, write_plot)):
+        if path:
+            write(result, path)
+            print(f"wrote {path}")
+    if args.save_profile:
+        saved = save_profile(result, options)
+        print(f"saved profile: {saved}" if saved else "no profile saved: plain decoding won")
+    return 0
+
+
+def _stderr_console():
+    from rich.console import Console
+    return Console(stderr=True)
+
+
 # -- models --------------------------------------------------------------------------
 
 
@@ -152,8 +239,15 @@ def cmd_models_fetch(args) -> int:
 # -- entry point ---------------------------------------------------------------------
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with usage errors on one line like every other edgespec error."""
+
+    def error(self, message: str):
+        self.exit(2, f"edgespec: error: {message} (see `{self.prog} --help`)\n")
+
+
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="edgespec", description="Exact speculative decoding for local LLM chat.")
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -176,6 +270,35 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("draft")
     p.add_argument("--backend", choices=BACKENDS, default="auto")
     p.set_defaults(func=cmd_pair_check)
+
+    p = commands.add_parser("quantize", help="requantize a GGUF file (or an MLX model)")
+    p.add_argument("input", help="a .gguf file, or an mlx-lm folder")
+    p.add_argument("output")
+    p.add_argument("--type", required=True,
+                   help="GGUF: Q8_0, Q6_K, Q5_K_M, Q4_K_M, Q4_0, Q3_K_M, Q2_K, ...; MLX: 8bit, 4bit, 3bit, 2bit")
+    p.set_defaults(func=cmd_quantize)
+
+    p = commands.add_parser("bench", help="compare drafters, quantizations and k on this machine")
+    p.add_argument("--target", required=True, help="target model (path or name)")
+    p.add_argument("--drafters", required=True, help="comma-separated: draft models and/or lookup")
+    p.add_argument("--num-draft", default="2,4", help="comma-separated k values")
+    p.add_argument("--temp", default="0,0.7", help="comma-separated temperatures")
+    p.add_argument("--prompts", default="code,edit,chat",
+                   help="comma-separated prompt sets (code, edit, chat) or prompt files")
+    p.add_argument("--prompts-per-set", type=int, default=3)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--no-auto", action="store_true", help="leave auto mode out of the sweep")
+    p.add_argument("--json", type=Path, default=None, help="write everything as JSON")
+    p.add_argument("--csv", type=Path, default=None, help="write the summary table as CSV")
+    p.add_argument("--plot", type=Path, default=None, help="draw speedup vs k and acceptance (PNG)")
+    p.add_argument("--save-profile", action="store_true",
+                   help="store the winning pairing: chat and generate use it for this target")
+    p.add_argument("--backend", choices=BACKENDS, default="auto")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("-ngl", "--n-gpu-layers", type=int, default=0)
+    p.add_argument("--ctx", type=int, default=4096)
+    p.set_defaults(func=cmd_bench)
 
     models = commands.add_parser("models", help="known models").add_subparsers(
         dest="models_command", required=True)

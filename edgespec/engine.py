@@ -24,9 +24,11 @@ import numpy as np
 from .backends.base import Backend
 from .cache import CachedModel, common_prefix_length
 from .detokenize import IncrementalDetokenizer, StopMatcher
+from .adaptive import MAX_DRAFT, AdaptivePolicy, lookup_key
 from .compat import check_compatible
-from .drafters.base import Drafter
+from .drafters.base import Draft, Drafter
 from .drafters.draft_model import DraftModel
+from .drafters.prompt_lookup import PromptLookup
 from .errors import EdgespecError
 from .sampling import SamplingParams, logits_to_probs, make_rng, sample_from
 from .stats import GenerationStats
@@ -81,23 +83,55 @@ class Engine:
     running one from any thread.
     """
 
-    def __init__(self, target: Backend, drafter: Drafter | None = None, *, num_draft: int = 4):
-        if num_draft < 1:
-            raise ValueError(f"invalid num_draft={num_draft!r}: must be an integer >= 1")
+    def __init__(self, target: Backend, drafter: Drafter | None = None, *,
+                 num_draft: int | str = 4, policy: AdaptivePolicy | None = None):
         self.target = target
-        self.set_drafter(drafter)
-        self.num_draft = num_draft
+        self._lookup: PromptLookup | None = None
+        self.configure(drafter, num_draft, policy)
         self.target_cache = CachedModel(target)
         self._busy = threading.Lock()
         self._cancel = threading.Event()
 
     # -- public API -----------------------------------------------------------------
 
+    def configure(self, drafter: Drafter | None, num_draft: int | str,
+                  policy: AdaptivePolicy | None = None) -> None:
+        """Set the drafter and k (an int, or ``"auto"`` for the adaptive policy)."""
+        if num_draft != "auto" and not (isinstance(num_draft, int) and num_draft >= 1):
+            raise ValueError(f"invalid num_draft={num_draft!r}: must be an integer >= 1 or 'auto'")
+        self.num_draft = num_draft
+        # Auto mode: the policy picks prompt lookup, the draft model or plain decoding
+        # each round; prompt lookup is always on offer, since it costs nothing to ask.
+        self.policy = (policy or getattr(self, "policy", None) or AdaptivePolicy()) \
+            if num_draft == "auto" else None
+        self.set_drafter(drafter)
+
     def set_drafter(self, drafter: Drafter | None) -> None:
         """Use another drafter from the next generation on (checked like the first)."""
         if isinstance(drafter, DraftModel):
             check_compatible(self.target, drafter.backend)
         self.drafter = drafter
+        if self.policy is not None:
+            self._lookup = drafter if isinstance(drafter, PromptLookup) else \
+                (self._lookup or PromptLookup())
+
+    @property
+    def draft_model(self) -> DraftModel | None:
+        """The draft model in use, if the drafter is one."""
+        return self.drafter if isinstance(self.drafter, DraftModel) else None
+
+    def _drafters(self) -> list[Drafter]:
+        """Every drafter a generation may consult."""
+        if self.policy is None:
+            return [self.drafter] if self.drafter is not None else []
+        return [self._lookup] + ([self.draft_model] if self.draft_model else [])
+
+    @property
+    def drafter_name(self) -> str:
+        """How stats name the drafting in use."""
+        if self.policy is not None:
+            return "auto(" + "+".join(d.name for d in self._drafters()) + ")"
+        return self.drafter.name if self.drafter is not None else "none"
 
     def tokenize(self, prompt: str | Sequence[int]) -> list[int]:
         """Token ids of a prompt given as text (special tokens parsed) or as ids."""
@@ -129,11 +163,14 @@ class Engine:
                                 "generation to finish or cancel it first")
         try:
             self._cancel.clear()
+            speculative = speculative and bool(self._drafters())
             stats = GenerationStats(
-                drafter=self.drafter.name if (speculative and self.drafter) else "none",
+                drafter=self.drafter_name if speculative else "none",
                 prompt_tokens=len(prompt_ids))
+            if speculative and self.policy is not None:
+                self._ensure_calibrated()
             run = _Run(list(prompt_ids), params, rng or make_rng(params), max_tokens,
-                       speculative and self.drafter is not None, stats)
+                       speculative, stats)
             yield from self._stream_text(run, stop)
         finally:
             self._busy.release()
@@ -164,8 +201,8 @@ class Engine:
     def close(self) -> None:
         """Free the models (target and draft model); the engine is unusable afterwards."""
         self.target.close()
-        if isinstance(self.drafter, DraftModel):
-            self.drafter.backend.close()
+        if self.draft_model is not None:
+            self.draft_model.backend.close()
 
     def cancel(self) -> None:
         """Ask the running generation to stop after the token being committed."""
@@ -204,7 +241,7 @@ class Engine:
             _, evaluated = self.target_cache.sync(ctx[:-1], need_logits=False)
             stats.prompt_eval_tokens = evaluated + 1
             if run.speculative:
-                stats.draft_prompt_eval_tokens = self.drafter.prefill(ctx)
+                stats.draft_prompt_eval_tokens = sum(d.prefill(ctx) for d in self._drafters())
             decode_start = time.perf_counter()
             stats.prefill_time_s = decode_start - start
             while True:
@@ -227,7 +264,21 @@ class Engine:
                 stats.decode_time_s = time.perf_counter() - decode_start
             self.target_cache.rewind(common_prefix_length(self.target_cache.tokens, ctx))
             if run.speculative:
-                self.drafter.rewind(ctx)
+                for drafter in self._drafters():
+                    drafter.rewind(ctx)
+
+    def _ensure_calibrated(self) -> None:
+        """Measure (or load the cached) costs of this pair before the first auto round."""
+        if 1 in self.policy.cost.target_s:
+            return
+        from .adaptive import load_or_calibrate
+        from .models import edgespec_home
+        drafts = []
+        self.target_cache.rewind(0)
+        if self.draft_model is not None:
+            self.draft_model.cache.rewind(0)
+            drafts.append((self.draft_model.name, self.draft_model.backend))
+        self.policy.cost = load_or_calibrate(self.target, drafts, edgespec_home() / "calibration")
 
     def _round(self, run: _Run) -> list[tuple[int, bool]]:
         """One target pass: verify a draft if there is one, else a plain step."""
@@ -235,30 +286,30 @@ class Engine:
         self.target_cache.sync(ctx[:-1], need_logits=False)  # drops last round's rejected drafts
         # Draft no more than the context holds or the caller will use (the target's
         # own token after the drafts makes up the last one).
-        num_draft = min(self.num_draft, self.target.n_ctx - len(ctx),
-                        run.max_tokens - stats.generated_tokens - 1)
-        draft_ids: list[int] = []
-        if run.speculative and num_draft > 0:
-            t0 = time.perf_counter()
-            draft = self.drafter.propose(ctx, num_draft, run.params, run.rng)
-            stats.draft_time_s += time.perf_counter() - t0
-            draft_ids = draft.token_ids[:num_draft]
-            # A drafter with a few extra vocabulary rows may propose an id the
-            # target does not have: p is 0 there, so the draft ends before it.
-            for i, token in enumerate(draft_ids):
-                if token >= self.target.vocab.size:
-                    draft_ids = draft_ids[:i]
-                    break
+        limit = min(MAX_DRAFT if self.policy else self.num_draft, self.target.n_ctx - len(ctx),
+                    run.max_tokens - stats.generated_tokens - 1)
+        key, drafter, draft = None, None, Draft([])
+        if run.speculative and limit > 0:
+            key, drafter, draft = self._propose(run, limit)
+        draft_ids = draft.token_ids[:limit]
+        # A drafter with a few extra vocabulary rows may propose an id the
+        # target does not have: p is 0 there, so the draft ends before it.
+        for i, token in enumerate(draft_ids):
+            if token >= self.target.vocab.size:
+                draft_ids = draft_ids[:i]
+                break
 
         t0 = time.perf_counter()
         if not draft_ids:
             logits = self.target_cache.forward([ctx[-1]])[-1]  # [V]
+            self._observe_target(1, time.perf_counter() - t0)
             token = self._sample(logits, run)
             stats.plain_steps += 1
             stats.plain_time_s += time.perf_counter() - t0
             return [(token, False)]
 
         logits = self.target_cache.forward([ctx[-1], *draft_ids])  # [k+1, V]
+        self._observe_target(len(draft_ids) + 1, time.perf_counter() - t0)
         if run.params.greedy:
             new = greedy_verify(np.argmax(logits, axis=-1), draft_ids)
         else:
@@ -267,10 +318,45 @@ class Engine:
                 _fit_vocab(draft.probs[:len(draft_ids)], target_probs.shape[-1])  # [k, V]
             new = rejection_sample(target_probs, draft_ids, draft_probs, run.rng)
         num_accepted = len(new) - 1
-        stats.record_round(len(draft_ids), num_accepted)
-        self.drafter.accepted(num_accepted)
+        stats.record_round(len(draft_ids), num_accepted, drafter.name)
+        drafter.accepted(num_accepted)
+        if self.policy is not None:
+            self.policy.observe_round(key, len(draft_ids), num_accepted)
         stats.verify_time_s += time.perf_counter() - t0
         return [(t, True) for t in new[:-1]] + [(new[-1], False)]
+
+    def _propose(self, run: _Run, limit: int) -> tuple[str | None, Drafter | None, Draft]:
+        """The draft for this round: from the fixed drafter, or as the policy plans."""
+        stats, ctx, policy = run.stats, run.context, self.policy
+        if policy is None:
+            t0 = time.perf_counter()
+            draft = self.drafter.propose(ctx, limit, run.params, run.rng)
+            stats.draft_time_s += time.perf_counter() - t0
+            return self.drafter.name, self.drafter, draft
+        if self._lookup is not None:
+            t0 = time.perf_counter()
+            draft = self._lookup.propose(ctx, limit, run.params, run.rng)
+            stats.draft_time_s += time.perf_counter() - t0
+            if draft.token_ids:
+                plan = policy.plan_lookup(draft.match_length, len(draft.token_ids), limit)
+                if plan.num_draft:
+                    return (lookup_key(draft.match_length), self._lookup,
+                            Draft(draft.token_ids[:plan.num_draft], None, draft.match_length))
+        model = self.draft_model
+        if model is not None:
+            plan = policy.plan_model(model.name, limit)
+            if plan.num_draft:
+                t0 = time.perf_counter()
+                draft = model.propose(ctx, plan.num_draft, run.params, run.rng)
+                stats.draft_time_s += time.perf_counter() - t0
+                policy.cost.observe_drafter(model.name, model.last_steps, model.last_step_seconds)
+                stats.probes += plan.probe
+                return model.name, model, draft
+        return None, None, Draft([])
+
+    def _observe_target(self, n: int, seconds: float) -> None:
+        if self.policy is not None:
+            self.policy.cost.observe_target(n, seconds)
 
     @staticmethod
     def _sample(logits: np.ndarray, run: _Run) -> int:

@@ -26,6 +26,8 @@ class GenerationStats:
     accepted: int = 0
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
+    rounds_per_drafter: dict[str, int] = field(default_factory=dict)
+    probes: int = 0  # auto mode: rounds drafted only to re-check a losing drafter
     prefill_time_s: float = 0.0
     draft_time_s: float = 0.0
     verify_time_s: float = 0.0
@@ -58,9 +60,11 @@ class GenerationStats:
         """Prompt tokens evaluated on the target per second of prefill."""
         return self.prompt_eval_tokens / self.prefill_time_s if self.prefill_time_s > 0 else 0.0
 
-    def record_round(self, num_drafted: int, num_accepted: int) -> None:
-        """Count one verified round."""
+    def record_round(self, num_drafted: int, num_accepted: int, drafter: str = "") -> None:
+        """Count one verified round (by ``drafter``, for the per-drafter tally)."""
         self.rounds += 1
+        if drafter:
+            self.rounds_per_drafter[drafter] = self.rounds_per_drafter.get(drafter, 0) + 1
         self.drafted += num_drafted
         self.accepted += num_accepted
         for counts, n in ((self.drafted_per_position, num_drafted),
@@ -78,6 +82,10 @@ class GenerationStats:
                 mine.extend([0] * (len(value) - len(mine)))
                 for i, v in enumerate(value):
                     mine[i] += v
+            elif isinstance(value, dict):
+                mine = getattr(self, name)
+                for key, count in value.items():
+                    mine[key] = mine.get(key, 0) + count
             elif isinstance(value, (int, float)) and not isinstance(value, bool):
                 setattr(self, name, getattr(self, name) + value)
         if other.drafter != "none":

@@ -17,7 +17,7 @@ STATS = re.compile(r"\[(\d+) tokens, [\d.]+ tok/s.*?prompt eval (\d+)/(\d+) toke
 def test_chat_in_a_terminal(smollm2_path, tmp_path):
     env = {**__import__("os").environ, "NO_COLOR": "1"}
     child = pexpect.spawn(sys.executable, ["-m", "edgespec", "chat", "-m", str(smollm2_path),
-                                           "-d", "lookup", "--temp", "0", "-n", "400"],
+                                           "-d", "lookup", "--temp", "0", "-n", "64"],
                           env=env, encoding="utf-8", timeout=180, dimensions=(40, 200))
     child.expect("edgespec chat")
     child.expect_exact("> ")

@@ -38,11 +38,15 @@ class _Log:
     verbose = bool(os.environ.get("EDGESPEC_VERBOSE"))
     installed = False
 
+    listener = None  # a callable that sees every line (quantization progress)
+
     @staticmethod
     def _callback(level: int, text: bytes, _user_data) -> None:
         message = text.decode("utf-8", errors="replace") if text else ""
         if level == _GGML_LOG_ERROR and message.strip():
             _Log.errors.append(message.strip())
+        if _Log.listener is not None:
+            _Log.listener(message)
         if _Log.verbose:
             os.write(2, message.encode())
 
@@ -348,6 +352,11 @@ class LlamaCppBackend:
                 f"{self.name} cannot rewind its cache (recurrent or sliding-window memory): "
                 f"speculative decoding needs a model whose KV cache can be trimmed")
         self._n_past = n_past
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes of model weights llama.cpp holds."""
+        return int(_llama.llama_model_size(self._model)) if self._model else 0
 
     def close(self) -> None:
         """Free the context and the model (the backend is unusable afterwards)."""

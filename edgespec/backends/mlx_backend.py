@@ -85,6 +85,12 @@ class MlxBackend:
             trim_prompt_cache(self.cache, self._n_past - n_past)
             self._n_past = n_past
 
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes of model weights (as MLX holds them, quantized or not)."""
+        from mlx.utils import tree_flatten
+        return sum(v.nbytes for _, v in tree_flatten(self.model.parameters())) if self.model else 0
+
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.token_text(token_id)
 

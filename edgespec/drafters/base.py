@@ -20,6 +20,7 @@ class Draft:
 
     token_ids: list[int]
     probs: np.ndarray | None = None
+    match_length: int = 0  # prompt lookup: length of the n-gram that matched
 
     def __len__(self) -> int:
         return len(self.token_ids)

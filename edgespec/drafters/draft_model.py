@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Sequence
 
 import numpy as np
@@ -10,6 +11,11 @@ from ..backends.base import Backend
 from ..cache import CachedModel, common_prefix_length
 from ..sampling import SamplingParams, logits_to_probs, sample_from
 from .base import Draft
+
+
+def _top_probability(logits: np.ndarray) -> float:
+    """The largest softmax probability (the confidence test at temperature 0)."""
+    return float(1.0 / np.exp(logits - logits.max()).sum())
 
 
 class DraftModel:
@@ -22,10 +28,18 @@ class DraftModel:
     that token together with the target's bonus token.
     """
 
-    def __init__(self, backend: Backend, *, name: str | None = None):
+    def __init__(self, backend: Backend, *, name: str | None = None, min_confidence: float = 0.0):
+        if not 0.0 <= min_confidence < 1.0:
+            raise ValueError(f"invalid min_confidence={min_confidence!r}: must be 0 <= p < 1")
         self.backend = backend
         self.name = name or backend.name
         self.cache = CachedModel(backend)
+        # Stop drafting when the draft model's own top probability falls below this
+        # (llama.cpp's --draft-p-min). The test looks only at the draft model's
+        # distribution before sampling, so proposals stay exactly distributed as q.
+        self.min_confidence = min_confidence
+        self.last_steps = 0  # draft-model passes of the last proposal, and their time
+        self.last_step_seconds = 0.0
 
     def prefill(self, context: Sequence[int]) -> int:
         """Evaluate the prompt ahead of the first round; return tokens evaluated."""
@@ -37,19 +51,31 @@ class DraftModel:
         """Sample up to ``num_draft`` tokens from the draft model's q."""
         if num_draft <= 0:
             return Draft([])
-        logits, _ = self.cache.sync(context, need_logits=True)  # [V]
+        start = time.perf_counter()
+        logits, evaluated = self.cache.sync(context, need_logits=True)  # [V]
+        # The sync is normally one step (the last committed token or two). A long
+        # catch-up after plain decoding is not a drafting step: keep it out of the cost.
+        catch_up = evaluated > 2
+        self.last_steps = 0 if catch_up else 1
+        counted_from = time.perf_counter() if catch_up else start
         token_ids: list[int] = []
         probs: list[np.ndarray] = []
         for i in range(num_draft):
             if params.greedy:
+                if self.min_confidence and _top_probability(logits) < self.min_confidence:
+                    break
                 token = int(np.argmax(logits))
             else:
                 q = logits_to_probs(logits, params)  # [V]
+                if self.min_confidence and q.max() < self.min_confidence:
+                    break
                 token = sample_from(q, rng)
                 probs.append(q)
             token_ids.append(token)
             if i + 1 < num_draft:
                 logits = self.cache.forward([token])[-1]
+                self.last_steps += 1
+        self.last_step_seconds = time.perf_counter() - counted_from
         # Greedy drafts are one-hot in q, which the verifier reads from None.
         return Draft(token_ids, np.stack(probs) if probs else None)
 

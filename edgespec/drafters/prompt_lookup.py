@@ -65,7 +65,7 @@ class PromptLookup:
                 continue
             end = self._index[n].get(tuple(tokens[length - n:]))
             if end is not None:
-                return Draft(tokens[end:end + num_draft])
+                return Draft(tokens[end:end + num_draft], None, n)
         return Draft([])
 
     def prefill(self, context: Sequence[int]) -> int:

@@ -1,0 +1,318 @@
+"""``edgespec bench``: which drafter, quantization and k pay off on this machine?
+
+Every configuration (drafter × k, and auto mode) runs on the same prompts
+right after plain decoding of the same prompt, temperature and repeat, so
+each speedup is a ratio measured side by side. The sweep also measures the
+drafter cost c and the target's batch cost v(n) of this machine.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .adaptive import calibrate
+from .drafters import DraftModel, PromptLookup
+from .engine import Engine
+from .errors import EdgespecError
+from .loading import BackendOptions, load_backend, pick_backend
+from .models import edgespec_home, resolve_model
+from .prompt_sets import load_prompt_set
+from .prompting import chat_prompt_ids
+from .sampling import SamplingParams
+
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class BenchConfig:
+    """What to sweep."""
+
+    target: str
+    drafters: list[str]
+    num_draft: list[int] = field(default_factory=lambda: [2, 4])
+    temperatures: list[float] = field(default_factory=lambda: [0.0, 0.7])
+    prompt_sets: list[str] = field(default_factory=lambda: ["code", "edit", "chat"])
+    prompts_per_set: int = 3
+    max_tokens: int = 128
+    repeat: int = 1
+    auto: bool = True
+    seed: int = 0
+
+
+@dataclass
+class RunRecord:
+    """One generation of the sweep."""
+
+    mode: str            # "plain", "fixed" or "auto"
+    drafter: str         # "none", a drafter name, or the auto drafters
+    num_draft: int       # 0 for plain and auto
+    temperature: float
+    prompt_set: str
+    prompt_index: int
+    repeat: int
+    tokens: int
+    tokens_per_second: float
+    plain_tokens_per_second: float
+    speedup: float
+    rounds: int
+    plain_steps: int
+    drafted: int
+    accepted: int
+    drafted_per_position: list[int]
+    accepted_per_position: list[int]
+    rounds_per_drafter: dict[str, int]
+
+
+def validate(config: BenchConfig, options: BackendOptions) -> dict[str, list[str]]:
+    """Check every input before any model loads: prompt sets, drafters, vocabularies."""
+    prompts = {name: load_prompt_set(name)[:config.prompts_per_set] for name in config.prompt_sets}
+    if not config.drafters:
+        raise EdgespecError("no drafters to compare: give --drafters D1,D2 (models or 'lookup')")
+    if any(k < 1 for k in config.num_draft):
+        raise EdgespecError("invalid --num-draft: every k must be >= 1")
+    if any(t < 0 for t in config.temperatures):
+        raise EdgespecError("invalid --temp: temperatures must be >= 0")
+    if config.max_tokens < 1 or config.repeat < 1 or config.prompts_per_set < 1:
+        raise EdgespecError("--max-tokens, --repeat and --prompts-per-set must be >= 1")
+    if pick_backend(config.target, options.backend) == "llama.cpp":
+        from .backends.llamacpp import GGUFTokenizer
+        from .compat import compatibility_problems
+        target = GGUFTokenizer.from_file(resolve_model(config.target, fetch=options.fetch))
+        target.name = config.target
+        for spec in config.drafters:
+            if spec == "lookup":
+                continue
+            if pick_backend(spec, options.backend) != "llama.cpp":
+                continue  # MLX drafters are checked when the engine pairs them
+            draft = GGUFTokenizer.from_file(resolve_model(spec, fetch=options.fetch))
+            problems = compatibility_problems(target, draft)
+            draft.close()
+            if problems:
+                raise EdgespecError(f"drafter {spec} cannot pair with {config.target}: "
+                                    + "; ".join(problems))
+        target.close()
+    return prompts
+
+
+def run_bench(config: BenchConfig, options: BackendOptions, *, progress=None, log=print) -> dict:
+    """Run the sweep and return everything as one JSON-ready dict."""
+    prompts = validate(config, options)
+    target = load_backend(config.target, options)
+    drafters, memory = {}, {}
+    for spec in config.drafters:
+        if spec == "lookup":
+            drafters[spec], memory[spec] = PromptLookup(), 0
+        else:
+            backend = load_backend(spec, options)
+            drafters[spec] = DraftModel(backend, name=spec)
+            memory[spec] = getattr(backend, "memory_bytes", 0)
+    models = [(name, d.backend) for name, d in drafters.items() if isinstance(d, DraftModel)]
+    log("measuring the target's batch cost v(n) and each drafter's step cost c ...")
+    cost = calibrate(target, models, sizes=sorted({1, 2, 3, 5, 9} | {k + 1 for k in config.num_draft}))
+    engine = Engine(target, None, num_draft=max(config.num_draft))
+    model_drafters = [d for d in drafters.values() if isinstance(d, DraftModel)]
+    fixed = [(name, k) for name in drafters for k in config.num_draft]
+    total = (config.repeat * len(config.temperatures) * sum(len(p) for p in prompts.values())
+             * (1 + len(fixed) + (len(model_drafters) or 1) * config.auto))
+    runs: list[RunRecord] = []
+    done = 0
+    for repeat in range(config.repeat):
+        for temperature in config.temperatures:
+            for set_name, set_prompts in prompts.items():
+                for index, prompt in enumerate(set_prompts):
+                    ids = chat_prompt_ids(target, [{"role": "user", "content": prompt}])
+                    params = SamplingParams(temperature=temperature, seed=config.seed + repeat)
+                    plain = engine.generate(ids, params, max_tokens=config.max_tokens,
+                                            speculative=False)
+                    base = plain.stats.tokens_per_second
+                    record = _record("plain", "none", 0, temperature, set_name, index, repeat, plain, base)
+                    runs.append(record)
+                    done += 1
+                    if progress:
+                        progress(done, total, record)
+                    plans = [("fixed", name, k) for name, k in fixed]
+                    if config.auto:
+                        plans += [("auto", d.name, 0) for d in model_drafters] or [("auto", "lookup", 0)]
+                    for mode, name, k in plans:
+                        g = _run_one(engine, mode, drafters.get(name), k, cost, ids, params, config)
+                        record = _record(mode, g.stats.drafter, k, temperature, set_name, index,
+                                         repeat, g, base)
+                        runs.append(record)
+                        done += 1
+                        if progress:
+                            progress(done, total, record)
+    result = {
+        "schema_version": SCHEMA_VERSION,
+        "machine": {"node": platform.node(), "machine": platform.machine(),
+                    "processor": platform.processor(), "python": platform.python_version()},
+        "target": config.target,
+        "config": asdict(config),
+        "costs": {"v": {str(n): cost.v(n) for n in sorted(cost.target_s)},
+                  "c": {name: cost.c(name) for name, _ in models},
+                  "target_step_seconds": cost.target_s.get(1)},
+        "drafter_memory_bytes": memory,
+        "runs": [asdict(r) for r in runs],
+    }
+    result["summary"] = summarize(runs, memory)
+    result["recommendation"] = recommend(result["summary"])
+    engine.close()
+    for d in model_drafters:
+        d.backend.close()
+    return result
+
+
+def _run_one(engine: Engine, mode: str, drafter, k: int, cost, ids, params, config):
+    """One speculative generation: a fixed drafter and k, or auto mode."""
+    from .adaptive import AUTO_DRAFT_P_MIN, AdaptivePolicy, CostModel
+    model = drafter if isinstance(drafter, DraftModel) else None
+    if model is not None:
+        model.min_confidence = AUTO_DRAFT_P_MIN if mode == "auto" else 0.0
+    if mode == "auto":
+        # A fresh policy per prompt, starting from this machine's measured costs.
+        policy = AdaptivePolicy(CostModel(dict(cost.target_s), dict(cost.drafter_s)))
+        engine.configure(model, "auto", policy)
+    else:
+        engine.configure(drafter, k)
+    return engine.generate(ids, params, max_tokens=config.max_tokens)
+
+
+def _record(mode, drafter, k, temperature, set_name, index, repeat, g, base) -> RunRecord:
+    s = g.stats
+    return RunRecord(mode, drafter, k, temperature, set_name, index, repeat, s.generated_tokens,
+                     s.tokens_per_second, base, s.tokens_per_second / base if base else 0.0,
+                     s.rounds, s.plain_steps, s.drafted, s.accepted, list(s.drafted_per_position),
+                     list(s.accepted_per_position), dict(s.rounds_per_drafter))
+
+
+def summarize(runs: list[RunRecord], memory: dict[str, int]) -> list[dict]:
+    """One row per (mode, drafter, k, temperature, prompt set)."""
+    groups: dict[tuple, list[RunRecord]] = {}
+    for r in runs:
+        groups.setdefault((r.mode, r.drafter, r.num_draft, r.temperature, r.prompt_set), []).append(r)
+    rows = []
+    for (mode, drafter, k, temperature, set_name), rs in groups.items():
+        drafted, accepted, rounds = (sum(r.drafted for r in rs), sum(r.accepted for r in rs),
+                                     sum(r.rounds for r in rs))
+        width = max((len(r.drafted_per_position) for r in rs), default=0)
+        per_d = [sum(r.drafted_per_position[i] for r in rs if i < len(r.drafted_per_position))
+                 for i in range(width)]
+        per_a = [sum(r.accepted_per_position[i] for r in rs if i < len(r.accepted_per_position))
+                 for i in range(width)]
+        speedups = [r.speedup for r in rs]
+        base_name = drafter.split("(")[-1].rstrip(")").split("+")[-1] if mode == "auto" else drafter
+        rows.append({
+            "mode": mode, "drafter": drafter, "num_draft": k, "temperature": temperature,
+            "prompt_set": set_name, "runs": len(rs),
+            "acceptance_rate": accepted / drafted if drafted else 0.0,
+            "mean_accepted_length": 1 + accepted / rounds if rounds else 1.0,
+            "acceptance_per_position": [a / d if d else 0.0 for a, d in zip(per_a, per_d)],
+            "tokens_per_second": statistics.median(r.tokens_per_second for r in rs),
+            "speedup_median": statistics.median(speedups),
+            "speedup_min": min(speedups), "speedup_max": max(speedups),
+            "drafter_memory_bytes": memory.get(base_name, 0),
+        })
+    return rows
+
+
+def recommend(summary: list[dict]) -> dict:
+    """The setting with the best geometric-mean speedup over prompt sets and temperatures."""
+    scores: dict[tuple, list[float]] = {}
+    for row in summary:
+        if row["mode"] == "plain":
+            continue
+        scores.setdefault((row["mode"], row["drafter"], row["num_draft"]), []).append(
+            max(row["speedup_median"], 1e-9))
+    if not scores:
+        return {"mode": "plain", "reason": "no speculative configuration was measured"}
+    geo = {key: statistics.geometric_mean(v) for key, v in scores.items()}
+    (mode, drafter, k), speed = max(geo.items(), key=lambda item: item[1])
+    if speed <= 1.0:
+        return {"mode": "plain", "speedup": 1.0,
+                "reason": f"nothing beat plain decoding (best: {drafter} k={k}, {speed:.2f}x)"}
+    draft = drafter.split("(")[-1].rstrip(")").split("+")[-1] if mode == "auto" else drafter
+    return {"mode": mode, "drafter": draft, "num_draft": "auto" if mode == "auto" else k,
+            "speedup": speed, "reason": "best geometric-mean speedup over sets and temperatures"}
+
+
+# -- output --------------------------------------------------------------------------
+
+
+def write_json(result: dict, path: Path) -> None:
+    path.write_text(json.dumps(result, indent=1))
+
+
+def write_csv(result: dict, path: Path) -> None:
+    rows = result["summary"]
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({**row, "acceptance_per_position":
+                             " ".join(f"{a:.3f}" for a in row["acceptance_per_position"])})
+
+
+def write_plot(result: dict, path: Path) -> None:
+    """Speedup vs k per drafter, and acceptance per draft position (matplotlib)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fixed = [r for r in result["summary"] if r["mode"] == "fixed"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for drafter in dict.fromkeys(r["drafter"] for r in fixed):
+        for temperature in dict.fromkeys(r["temperature"] for r in fixed):
+            mine = [r for r in fixed if r["drafter"] == drafter and r["temperature"] == temperature]
+            ks = sorted({r["num_draft"] for r in mine})
+            speed = [statistics.median(r["speedup_median"] for r in mine if r["num_draft"] == k) for k in ks]
+            left.plot(ks, speed, marker="o", label=f"{drafter} T={temperature:g}")
+        mine = [r for r in fixed if r["drafter"] == drafter]
+        longest = max(mine, key=lambda r: len(r["acceptance_per_position"]))
+        positions = range(1, len(longest["acceptance_per_position"]) + 1)
+        right.plot(list(positions), [statistics.mean(r["acceptance_per_position"][i]
+                                                     for r in mine if i < len(r["acceptance_per_position"]))
+                                     for i in range(len(positions))], marker="o", label=drafter)
+    for row in (r for r in result["summary"] if r["mode"] == "auto"):
+        left.axhline(row["speedup_median"], color="grey", alpha=0.15)
+    left.axhline(1.0, color="black", linewidth=1, linestyle="--")
+    left.set(xlabel="k (tokens drafted per round)", ylabel="speedup vs plain (median over prompts)",
+             title=f"{result['target']}: speedup vs k (grey: auto)")
+    right.set(xlabel="draft position", ylabel="acceptance rate", ylim=(0, 1.05),
+              title="acceptance per draft position")
+    left.legend(fontsize=7)
+    right.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def save_profile(result: dict, options: BackendOptions) -> Path | None:
+    """Store the recommended pairing for this target, for ``chat`` and ``generate``."""
+    rec = result["recommendation"]
+    if rec["mode"] == "plain":
+        return None
+    path = profile_path(result["target"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"target": result["target"], "draft": rec["drafter"],
+                                "num_draft": rec["num_draft"], "speedup": rec["speedup"],
+                                "measured": time.strftime("%Y-%m-%d %H:%M")}, indent=1))
+    return path
+
+
+def profile_path(target: str) -> Path:
+    """Where the saved pairing of a target lives."""
+    key = Path(target).name.replace("/", "_")
+    return edgespec_home() / "profiles" / f"{key}.json"
+
+
+def load_profile(target: str) -> dict | None:
+    """The saved pairing of ``target``, if ``edgespec bench --save-profile`` stored one."""
+    try:
+        return json.loads(profile_path(target).read_text())
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,109 @@
+"""Auto mode: the policy's choices, greedy equality and exactness with it on."""
+
+import numpy as np
+import pytest
+
+from edgespec import DraftModel, Engine, PromptLookup, SamplingParams
+from edgespec.adaptive import AcceptanceTracker, AdaptivePolicy, CostModel, calibrate
+from edgespec.backends.toy import ToyBackend
+from exactness import SIGNIFICANCE, chi_square_pvalue, exact_distribution, sample_continuations
+
+GREEDY = SamplingParams(temperature=0)
+
+
+def costs(*, batch_grows: float, drafter: float, name: str = "toy-draft") -> CostModel:
+    """v(n) = 1 + batch_grows * (n - 1); drafter step = ``drafter`` target steps."""
+    return CostModel({n: 1.0 + batch_grows * (n - 1) for n in (1, 2, 4, 8, 9)},
+                     {name: drafter, "lookup": 0.0})
+
+
+def test_expected_tokens_follow_the_acceptance_rates():
+    tracker = AcceptanceTracker(prior=0.5)
+    assert tracker.expected_tokens(0) == 1.0
+    assert tracker.expected_tokens(2) == pytest.approx(1 + 0.5 + 0.25)
+    for _ in range(200):
+        tracker.update(drafted=3, accepted=3)
+    assert tracker.expected_tokens(3) == pytest.approx(4.0, abs=1e-6)
+    for _ in range(200):
+        tracker.update(drafted=3, accepted=0)  # only position 0 was tested
+    assert tracker.alpha[0] < 0.01 and tracker.alpha[1] > 0.99
+
+
+def test_policy_speculates_only_when_it_pays():
+    cheap = AdaptivePolicy(costs(batch_grows=0.05, drafter=0.1))
+    plan = cheap.plan_model("toy-draft", limit=8)
+    assert plan.drafter == "toy-draft" and plan.num_draft >= 1
+    for _ in range(50):  # drafts keep being accepted: draft further
+        cheap.observe_round("toy-draft", drafted=plan.num_draft, accepted=plan.num_draft)
+        plan = cheap.plan_model("toy-draft", limit=8)
+    assert plan.num_draft >= 6
+    # A pass over n tokens costing n steps: nothing beats plain decoding ...
+    costly = AdaptivePolicy(costs(batch_grows=1.0, drafter=0.7), probe_every=10)
+    plans = [costly.plan_model("toy-draft", limit=8) for _ in range(30)]
+    assert sum(p.num_draft > 0 for p in plans) == 3  # ... except a probe every 10 steps
+    assert all(p.probe for p in plans if p.num_draft)
+
+
+def test_lookup_matches_are_verified_only_as_far_as_they_pay():
+    policy = AdaptivePolicy(costs(batch_grows=0.3, drafter=0.5))
+    for _ in range(100):
+        policy.observe_round("lookup:4", drafted=8, accepted=8)  # long matches copy well
+        policy.observe_round("lookup:2", drafted=4, accepted=0)  # short ones do not
+    long = policy.plan_lookup(match_length=4, available=8, limit=8)
+    assert long.drafter == "lookup" and long.num_draft == 8
+    assert policy.plan_lookup(match_length=2, available=8, limit=8).num_draft == 0
+
+
+@pytest.mark.parametrize("batch_grows, drafter_cost", [(0.05, 0.1), (1.0, 0.9)],
+                         ids=["speculation-pays", "speculation-loses"])
+def test_auto_greedy_equals_plain(batch_grows, drafter_cost):
+    target = ToyBackend.random(12, seed=5, scale=2.0)
+    draft = DraftModel(target.perturbed(noise=0.7, seed=6))
+    policy = AdaptivePolicy(costs(batch_grows=batch_grows, drafter=drafter_cost))
+    engine = Engine(target, draft, num_draft="auto", policy=policy)
+    prompt = [0, 1, 2, 3, 0, 1]
+    auto = engine.generate(prompt, GREEDY, max_tokens=120)
+    plain = engine.generate(prompt, GREEDY, max_tokens=120, speculative=False)
+    assert auto.token_ids == plain.token_ids
+    s = auto.stats
+    assert s.drafter == "auto(lookup+toy-draft)"
+    assert sum(s.rounds_per_drafter.values()) == s.rounds
+    if drafter_cost < 0.5:
+        assert s.rounds_per_drafter.get("toy-draft", 0) > 0 and s.plain_steps < 20
+    else:
+        assert s.plain_steps > 100 and s.rounds == s.probes  # only probes drafted
+
+
+def test_exactness_with_auto_on():
+    """Chi-square at significance 0.001, 20,000 samples of 3 tokens, fixed seed."""
+    target = ToyBackend.random(8, seed=1, scale=1.5)
+    draft = DraftModel(target.perturbed(noise=1.0, seed=2))
+    policy = AdaptivePolicy(costs(batch_grows=0.05, drafter=0.1))
+    engine = Engine(target, draft, num_draft="auto", policy=policy)
+    params = SamplingParams(temperature=1.0)
+    prompt = [0, 1, 2, 0, 1]
+    expected = exact_distribution(target, prompt, params, 3)
+    counts, totals = sample_continuations(engine, prompt, params, 3, 20_000, seed=41)
+    assert chi_square_pvalue(counts, expected) > SIGNIFICANCE
+    # Both drafters took rounds, and the policy varied k.
+    assert totals.rounds_per_drafter.get("lookup", 0) > 0
+    assert totals.rounds_per_drafter.get("toy-draft", 0) > 0
+    assert 0 < totals.accepted < totals.drafted
+
+
+def test_low_confidence_stops_the_draft_early():
+    target = ToyBackend.random(12, seed=5, scale=0.2)  # flat distributions: low confidence
+    rng = np.random.default_rng(0)
+    drafter = DraftModel(target.perturbed(noise=0.0, seed=6), min_confidence=0.5)
+    assert drafter.propose([0, 1], 4, GREEDY, rng).token_ids == []
+    confident = DraftModel(ToyBackend.random(12, seed=5, scale=20.0), min_confidence=0.5)
+    assert len(confident.propose([0, 1], 4, GREEDY, rng).token_ids) == 4
+
+
+def test_calibration_measures_every_size_and_leaves_caches_empty():
+    target = ToyBackend.random(8, seed=1)
+    draft = target.perturbed(noise=0.1, seed=3)
+    cost = calibrate(target, [("toy-draft", draft)], sizes=(1, 3), repeats=1)
+    assert set(cost.target_s) == {1, 3} and cost.drafter_s["toy-draft"] > 0
+    assert target.n_past == 0 and draft.n_past == 0
+    assert cost.v(1) == pytest.approx(1.0) and cost.v(2) > 0
