@@ -199,11 +199,12 @@ def calibration_key(target: Backend, draft: Backend | None) -> str:
 
 
 def calibrate(target: Backend, drafts: Sequence[tuple[str, Backend]], *,
-              sizes: Sequence[int] = CALIBRATION_SIZES, repeats: int = 2) -> CostModel:
+              sizes: Sequence[int] = CALIBRATION_SIZES, repeats: int = 3) -> CostModel:
     """Time target passes of ``sizes`` tokens and one-token drafter steps.
 
-    Runs on a short dummy context and rewinds it: the caller owns the caches
-    afterwards as before (they are left empty).
+    Takes the fastest of ``repeats`` passes (the least disturbed by other
+    work) and makes v(n) non-decreasing in n. Runs on a short dummy context
+    and rewinds it: the caches are left empty.
     """
     cost = CostModel()
     token = 0 if target.vocab.bos_token_id is None else target.vocab.bos_token_id
@@ -219,21 +220,26 @@ def calibrate(target: Backend, drafts: Sequence[tuple[str, Backend]], *,
             samples.append(time.perf_counter() - start)
             backend.rewind(len(context))
         backend.rewind(0)
-        return float(np.median(samples[1:]))
+        return float(min(samples[1:]))
 
-    for n in sizes:
-        cost.target_s[n] = timed(target, n)
+    slowest = 0.0
+    for n in sorted(sizes):
+        slowest = max(slowest, timed(target, n))  # a longer pass never costs less
+        cost.target_s[n] = slowest
     for name, backend in drafts:
         cost.drafter_s[name] = timed(backend, 1)
     return cost
 
 
-def load_or_calibrate(target: Backend, drafts: Sequence[tuple[str, Backend]],
-                      cache_dir) -> CostModel:
+def calibration_path(target: Backend, draft: Backend | None):
+    """Where the costs of this pair on this machine are cached."""
+    from .models import edgespec_home
+    return edgespec_home() / "calibration" / f"{calibration_key(target, draft)}.json"
+
+
+def load_or_calibrate(target: Backend, drafts: Sequence[tuple[str, Backend]]) -> CostModel:
     """The cached calibration of this pair on this machine, or a new one (then cached)."""
-    from pathlib import Path
-    draft_backend = drafts[0][1] if drafts else None
-    path = Path(cache_dir) / f"{calibration_key(target, draft_backend)}.json"
+    path = calibration_path(target, drafts[0][1] if drafts else None)
     try:
         cost = CostModel.from_dict(json.loads(path.read_text()))
         if 1 in cost.target_s and all(name in cost.drafter_s for name, _ in drafts):

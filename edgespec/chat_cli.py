@@ -14,7 +14,7 @@ HELP = """commands:
   /help                 this list
   /reset                forget the conversation
   /system TEXT          set the system message (and start over)
-  /set NAME VALUE       temp, top_p, top_k, min_p, num_draft, max_tokens
+  /set NAME VALUE       temp, top_p, top_k, min_p, num_draft (k or auto), max_tokens
   /draft on|off         speculative decoding on or off
   /stats                session totals and acceptance per draft position
   /save FILE            write the transcript (JSON)
@@ -94,7 +94,7 @@ def _command(session: ChatSession, line: str, out) -> bool:
     elif name == "draft":
         if arg not in ("on", "off"):
             raise EdgespecError("usage: /draft on|off")
-        if arg == "on" and session.engine.drafter is None:
+        if arg == "on" and not session.engine.active_drafters():
             raise EdgespecError("no drafter loaded: restart with -d MODEL or -d lookup")
         session.speculative = arg == "on"
         print(f"(speculative decoding {arg})", file=out)
@@ -126,10 +126,12 @@ def _set(session: ChatSession, arg: str, out) -> None:
         elif field == "top_k":
             session.params = session.params.with_(top_k=int(value))
         elif field == "num_draft":
-            k = int(value)
-            if k < 1:
-                raise ValueError("invalid num_draft: must be an integer >= 1")
-            session.engine.num_draft = k
+            from .cli import num_draft_arg
+            try:
+                k = num_draft_arg(value)
+            except Exception as exc:
+                raise ValueError(str(exc)) from None
+            session.engine.configure(session.engine.drafter, k)
         elif field == "max_tokens":
             n = int(value)
             if n < 1:
@@ -181,12 +183,12 @@ def run_chat(args) -> int:
     print(f"(loading {args.model} ...)", file=sys.stderr)
     engine = build_engine(args, fetch=True)
     session = ChatSession(engine, params=params, system=args.system, max_tokens=args.max_tokens,
-                          speculative=engine.drafter is not None)
+                          speculative=bool(engine.active_drafters()))
     if args.load:
         session.load(args.load)
     _setup_line_editing()
-    drafter = engine.drafter.name if engine.drafter else "none"
-    print(f"edgespec chat — target {engine.target.name}, drafter {drafter}, k={engine.num_draft}. "
+    print(f"edgespec chat — target {engine.target.name}, drafter {engine.drafter_name}, "
+          f"k={engine.num_draft}. "
           f"/help for commands, Ctrl-D to quit.", file=out)
     try:
         while True:

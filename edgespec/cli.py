@@ -89,7 +89,8 @@ def build_engine(args, *, fetch: bool = False):
     if args.draft_p_min is not None and not 0 <= args.draft_p_min < 1:
         raise EdgespecError(f"invalid --draft-p-min {args.draft_p_min}: must be 0 <= p < 1")
     return load(args.model, None if args.no_spec else args.draft, args.backend,
-                draft_backend=args.draft_backend, num_draft=args.num_draft,
+                draft_backend=args.draft_backend,
+                num_draft=4 if args.no_spec else args.num_draft,  # no drafter at all: plain
                 draft_p_min=args.draft_p_min, n_ctx=o.n_ctx,
                 n_threads=o.n_threads, n_gpu_layers=o.n_gpu_layers, flash_attn=o.flash_attn,
                 mlx_quantize=o.mlx_quantize, fetch=fetch)

@@ -120,7 +120,7 @@ class Engine:
         """The draft model in use, if the drafter is one."""
         return self.drafter if isinstance(self.drafter, DraftModel) else None
 
-    def _drafters(self) -> list[Drafter]:
+    def active_drafters(self) -> list[Drafter]:
         """Every drafter a generation may consult."""
         if self.policy is None:
             return [self.drafter] if self.drafter is not None else []
@@ -130,13 +130,14 @@ class Engine:
     def drafter_name(self) -> str:
         """How stats name the drafting in use."""
         if self.policy is not None:
-            return "auto(" + "+".join(d.name for d in self._drafters()) + ")"
+            return "auto(" + "+".join(d.name for d in self.active_drafters()) + ")"
         return self.drafter.name if self.drafter is not None else "none"
 
     def tokenize(self, prompt: str | Sequence[int]) -> list[int]:
         """Token ids of a prompt given as text (special tokens parsed) or as ids."""
         if isinstance(prompt, str):
-            return self.target.tokenize(prompt, add_bos=True, special=True)
+            from .prompting import raw_prompt_ids
+            return raw_prompt_ids(self.target, prompt)
         return [int(t) for t in prompt]
 
     def stream(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
@@ -163,7 +164,7 @@ class Engine:
                                 "generation to finish or cancel it first")
         try:
             self._cancel.clear()
-            speculative = speculative and bool(self._drafters())
+            speculative = speculative and bool(self.active_drafters())
             stats = GenerationStats(
                 drafter=self.drafter_name if speculative else "none",
                 prompt_tokens=len(prompt_ids))
@@ -199,7 +200,14 @@ class Engine:
         return chunks if stream else _collect(chunks)
 
     def close(self) -> None:
-        """Free the models (target and draft model); the engine is unusable afterwards."""
+        """Free the models (target and draft model); the engine is unusable afterwards.
+
+        In auto mode the costs measured while running replace the cached calibration.
+        """
+        if self.policy is not None and 1 in self.policy.cost.target_s:
+            from .adaptive import calibration_path, save_calibration
+            draft = self.draft_model.backend if self.draft_model else None
+            save_calibration(self.policy.cost, calibration_path(self.target, draft))
         self.target.close()
         if self.draft_model is not None:
             self.draft_model.backend.close()
@@ -241,7 +249,7 @@ class Engine:
             _, evaluated = self.target_cache.sync(ctx[:-1], need_logits=False)
             stats.prompt_eval_tokens = evaluated + 1
             if run.speculative:
-                stats.draft_prompt_eval_tokens = sum(d.prefill(ctx) for d in self._drafters())
+                stats.draft_prompt_eval_tokens = sum(d.prefill(ctx) for d in self.active_drafters())
             decode_start = time.perf_counter()
             stats.prefill_time_s = decode_start - start
             while True:
@@ -264,7 +272,7 @@ class Engine:
                 stats.decode_time_s = time.perf_counter() - decode_start
             self.target_cache.rewind(common_prefix_length(self.target_cache.tokens, ctx))
             if run.speculative:
-                for drafter in self._drafters():
+                for drafter in self.active_drafters():
                     drafter.rewind(ctx)
 
     def _ensure_calibrated(self) -> None:
@@ -272,13 +280,12 @@ class Engine:
         if 1 in self.policy.cost.target_s:
             return
         from .adaptive import load_or_calibrate
-        from .models import edgespec_home
         drafts = []
         self.target_cache.rewind(0)
         if self.draft_model is not None:
             self.draft_model.cache.rewind(0)
             drafts.append((self.draft_model.name, self.draft_model.backend))
-        self.policy.cost = load_or_calibrate(self.target, drafts, edgespec_home() / "calibration")
+        self.policy.cost = load_or_calibrate(self.target, drafts)
 
     def _round(self, run: _Run) -> list[tuple[int, bool]]:
         """One target pass: verify a draft if there is one, else a plain step."""

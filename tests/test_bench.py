@@ -115,3 +115,19 @@ def test_bad_bench_input_fails_before_loading_models(text_models, tmp_path, smol
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert message in result.stderr
     assert "measuring" not in result.stderr  # nothing was loaded or calibrated
+
+
+def test_saved_profile_is_used_by_generate(text_models, tmp_path, monkeypatch):
+    from edgespec.bench import load_profile, save_profile
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    target, draft = map(str, text_models)
+    result = {"target": target, "recommendation": {"mode": "fixed", "drafter": draft,
+                                                   "num_draft": 3, "speedup": 1.3}}
+    save_profile(result, BackendOptions())
+    assert load_profile(target)["draft"] == draft
+    out = subprocess.run([sys.executable, "-m", "edgespec", "generate", "-m", target, "-p", "hi",
+                          "--raw", "-n", "8", "--temp", "0", "--ctx", "256", "--json"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert f"saved profile: drafter {draft}, k=3" in out.stderr
+    assert json.loads(out.stdout)["stats"]["drafter"] == "draft"

@@ -53,3 +53,32 @@ class Backend(Protocol):
     def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True) -> str: ...
 
     def close(self) -> None: ...
+
+
+class TokenizerMethods:
+    """The tokenizer half of :class:`Backend`, for backends that hold a ``tokenizer``
+    object (a GGUF tokenizer through llama.cpp, or a Hugging Face one)."""
+
+    tokenizer: object
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.token_text(token_id)
+
+    def tokenize(self, text: str, *, add_bos: bool = True, special: bool = True) -> list[int]:
+        return self.tokenizer.tokenize(text, add_bos=add_bos, special=special)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return self.tokenizer.token_bytes(token_id)
+
+    def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True) -> str:
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+
+
+def check_forward(n_past: int, num_tokens: int, n_ctx: int) -> None:
+    """The checks every backend's ``forward`` makes before it evaluates anything."""
+    from ..errors import EdgespecError
+    if num_tokens == 0:
+        raise ValueError("forward needs at least one token")
+    if n_past + num_tokens > n_ctx:
+        raise EdgespecError(
+            f"the context is full ({n_ctx} tokens): start a new conversation or raise --ctx")

@@ -11,6 +11,8 @@ from __future__ import annotations
 import collections
 import ctypes
 import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Sequence
@@ -18,7 +20,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import EdgespecError
-from .base import VocabInfo
+from .base import TokenizerMethods, VocabInfo, check_forward
 
 try:
     import llama_cpp as _llama
@@ -67,36 +69,28 @@ class _Log:
 
 
 def physical_core_count() -> int:
-    """Physical CPU cores (llama.cpp's own default for decoding threads)."""
-    try:
-        cores = set()
-        physical_id = core_id = None
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                key = key.strip()
-                if key == "physical id":
-                    physical_id = value.strip()
-                elif key == "core id":
-                    core_id = value.strip()
-                elif not key and core_id is not None:
-                    cores.add((physical_id, core_id))
-                    physical_id = core_id = None
-        if core_id is not None:
-            cores.add((physical_id, core_id))
-        if cores:
-            return len(cores)
-    except OSError:
-        pass
-    if hasattr(os, "sysconf"):
-        try:  # macOS: hw.physicalcpu through sysctl is not in os; logical/2 is a fair guess
-            import subprocess
+    """Physical CPU cores: llama.cpp's own default for decoding threads."""
+    if sys.platform == "darwin":  # performance cores (llama.cpp's choice on Apple Silicon)
+        try:
             out = subprocess.run(["sysctl", "-n", "hw.perflevel0.physicalcpu"],
                                  capture_output=True, text=True, timeout=2)
             if out.returncode == 0 and out.stdout.strip().isdigit():
                 return int(out.stdout.strip())
         except (OSError, subprocess.SubprocessError):
             pass
+    try:
+        cores, physical_id = set(), None
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = (part.strip() for part in line.partition(":"))
+                if key == "physical id":
+                    physical_id = value
+                elif key == "core id":
+                    cores.add((physical_id, value))
+        if cores:
+            return len(cores)
+    except OSError:
+        pass
     return max(1, os.cpu_count() or 1)
 
 
@@ -236,7 +230,7 @@ class GGUFTokenizer:
             self._model = None
 
 
-class LlamaCppBackend:
+class LlamaCppBackend(TokenizerMethods):
     """A GGUF model on llama.cpp, behind the :class:`~edgespec.backends.base.Backend` protocol."""
 
     def __init__(self, model_path: str | os.PathLike, *, n_ctx: int = 4096,
@@ -278,20 +272,6 @@ class LlamaCppBackend:
         self._n_past = 0
         self.n_vocab = self.vocab.size
 
-    # -- vocabulary (the GGUF tokenizer) ------------------------------------------
-
-    def token_text(self, token_id: int) -> str:
-        return self.tokenizer.token_text(token_id)
-
-    def tokenize(self, text: str, *, add_bos: bool = True, special: bool = True) -> list[int]:
-        return self.tokenizer.tokenize(text, add_bos=add_bos, special=special)
-
-    def token_bytes(self, token_id: int) -> bytes:
-        return self.tokenizer.token_bytes(token_id)
-
-    def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True) -> str:
-        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
-
     # -- evaluation ---------------------------------------------------------------
 
     @property
@@ -301,11 +281,7 @@ class LlamaCppBackend:
     def forward(self, tokens: Sequence[int], *, last_only: bool = False) -> np.ndarray:
         """Decode ``tokens`` after the cache; logits ``[n, V]`` (or ``[1, V]``) as float32."""
         n = len(tokens)
-        if n == 0:
-            raise ValueError("forward needs at least one token")
-        if self._n_past + n > self.n_ctx:
-            raise EdgespecError(
-                f"the context is full ({self.n_ctx} tokens): start a new conversation or raise --ctx")
+        check_forward(self._n_past, n, self.n_ctx)
         # Long inputs (prompts) go in n_batch chunks; logits only come from the last chunk.
         start = 0
         while n - start > self.n_batch:
@@ -345,13 +321,13 @@ class LlamaCppBackend:
         return np.ctypeslib.as_array(pointer, shape=(n_rows, self.n_vocab)).copy()
 
     def rewind(self, n_past: int) -> None:
-        if n_past >= self._n_past:
-            return
+        # Always remove from the KV cache itself: after an interrupted decode (Ctrl-C
+        # lands right after llama_decode returns) it may hold more than _n_past says.
         if not _llama.llama_memory_seq_rm(self._memory, 0, n_past, -1):
             raise EdgespecError(
                 f"{self.name} cannot rewind its cache (recurrent or sliding-window memory): "
                 f"speculative decoding needs a model whose KV cache can be trimmed")
-        self._n_past = n_past
+        self._n_past = min(self._n_past, n_past)
 
     @property
     def memory_bytes(self) -> int:

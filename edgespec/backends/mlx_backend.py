@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import EdgespecError
-from .base import VocabInfo
+from .base import TokenizerMethods, VocabInfo, check_forward
 
 try:
     import mlx.core as mx
@@ -31,7 +31,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
 _PREFILL_CHUNK = 512
 
 
-class MlxBackend:
+class MlxBackend(TokenizerMethods):
     """An mlx-lm model behind the :class:`~edgespec.backends.base.Backend` protocol."""
 
     def __init__(self, model, tokenizer, *, name: str, n_ctx: int = 4096):
@@ -55,11 +55,7 @@ class MlxBackend:
     def forward(self, tokens: Sequence[int], *, last_only: bool = False) -> np.ndarray:
         """Run ``tokens`` through the model; logits ``[n, V]`` (``[1, V]`` if ``last_only``)."""
         n = len(tokens)
-        if n == 0:
-            raise ValueError("forward needs at least one token")
-        if self._n_past + n > self.n_ctx:
-            raise EdgespecError(
-                f"the context is full ({self.n_ctx} tokens): start a new conversation or raise --ctx")
+        check_forward(self._n_past, n, self.n_ctx)
         ids = mx.array(list(tokens), dtype=mx.uint32)[None]
         start = 0
         try:
@@ -74,34 +70,23 @@ class MlxBackend:
             logits = logits[0].astype(mx.float32)
             mx.eval(logits)
         except BaseException:
-            # Whatever part of the batch reached the cache is dropped.
-            trim_prompt_cache(self.cache, self.cache[0].offset - self._n_past)
+            self.rewind(self._n_past)  # whatever part of the batch reached the cache is dropped
             raise
         self._n_past += n
         return np.array(logits, copy=False)
 
     def rewind(self, n_past: int) -> None:
-        if n_past < self._n_past:
-            trim_prompt_cache(self.cache, self._n_past - n_past)
-            self._n_past = n_past
+        # The cache's own offset is the truth, also after an interrupted forward.
+        extra = self.cache[0].offset - n_past
+        if extra > 0:
+            trim_prompt_cache(self.cache, extra)
+        self._n_past = min(self._n_past, n_past)
 
     @property
     def memory_bytes(self) -> int:
         """Bytes of model weights (as MLX holds them, quantized or not)."""
         from mlx.utils import tree_flatten
         return sum(v.nbytes for _, v in tree_flatten(self.model.parameters())) if self.model else 0
-
-    def token_text(self, token_id: int) -> str:
-        return self.tokenizer.token_text(token_id)
-
-    def tokenize(self, text: str, *, add_bos: bool = True, special: bool = True) -> list[int]:
-        return self.tokenizer.tokenize(text, add_bos=add_bos, special=special)
-
-    def token_bytes(self, token_id: int) -> bytes:
-        return self.tokenizer.token_bytes(token_id)
-
-    def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True) -> str:
-        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
 
     def close(self) -> None:
         self.model = None
