@@ -65,7 +65,11 @@ class _Log:
 
     @classmethod
     def last_error(cls) -> str:
-        return cls.errors[-1] if cls.errors else "no details from llama.cpp"
+        """The first error llama.cpp logged since the last call (the specific one;
+        later lines only say that loading failed)."""
+        message = cls.errors[0] if cls.errors else "no details from llama.cpp"
+        cls.errors.clear()
+        return message
 
 
 def physical_core_count() -> int:
@@ -138,6 +142,7 @@ def check_gguf_file(path: str | os.PathLike) -> Path:
 def _load_model(path: Path, *, n_gpu_layers: int = 0, vocab_only: bool = False):
     """Load a GGUF file with llama.cpp (weights, or only its vocabulary)."""
     _Log.install()
+    _Log.errors.clear()
     params = _llama.llama_model_default_params()
     params.n_gpu_layers = n_gpu_layers
     params.vocab_only = vocab_only
