@@ -223,11 +223,16 @@ def calibrate(target: Backend, drafts: Sequence[tuple[str, Backend]], *,
         return float(min(samples[1:]))
 
     slowest = 0.0
-    for n in sorted(sizes):
-        slowest = max(slowest, timed(target, n))  # a longer pass never costs less
-        cost.target_s[n] = slowest
-    for name, backend in drafts:
-        cost.drafter_s[name] = timed(backend, 1)
+    try:
+        for n in sorted(sizes):
+            slowest = max(slowest, timed(target, n))  # a longer pass never costs less
+            cost.target_s[n] = slowest
+        for name, backend in drafts:
+            cost.drafter_s[name] = timed(backend, 1)
+    finally:  # also when interrupted: no dummy tokens stay behind
+        target.rewind(0)
+        for _, backend in drafts:
+            backend.rewind(0)
     return cost
 
 

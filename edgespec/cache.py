@@ -35,10 +35,13 @@ class CachedModel:
         return logits
 
     def rewind(self, n_past: int) -> None:
-        """Keep only the first ``n_past`` cached tokens."""
-        if n_past < len(self.tokens):
-            self.backend.rewind(n_past)
-            del self.tokens[n_past:]
+        """Keep only the first ``n_past`` cached tokens.
+
+        The backend is always asked (it is cheap): after an interruption it may
+        hold more than ``tokens`` knows of.
+        """
+        self.backend.rewind(n_past)
+        del self.tokens[n_past:]
 
     def sync(self, context: Sequence[int], *, need_logits: bool) -> tuple[np.ndarray | None, int]:
         """Make the cache hold exactly ``context``, evaluating only what is missing.

@@ -253,19 +253,22 @@ class Engine:
             decode_start = time.perf_counter()
             stats.prefill_time_s = decode_start - start
             while True:
-                for token, from_draft in self._round(run):
-                    stats.generated_tokens += 1
+                pending = self._round(run)
+                for i, (token, from_draft) in enumerate(pending):
                     if token in eos:
-                        run.finish_reason = "stop"
-                        return
-                    ctx.append(token)
-                    run.generated.append(token)
-                    yield token, from_draft
-                    if stats.generated_tokens >= run.max_tokens or len(ctx) >= self.target.n_ctx:
-                        run.finish_reason = "length"
-                        return
-                    if self._cancel.is_set():
-                        run.finish_reason = "cancelled"
+                        finish = "stop"  # the end token is not output, nor counted
+                    else:
+                        stats.generated_tokens += 1
+                        ctx.append(token)
+                        run.generated.append(token)
+                        yield token, from_draft
+                        finish = "length" if (stats.generated_tokens >= run.max_tokens
+                                              or len(ctx) >= self.target.n_ctx) else \
+                            "cancelled" if self._cancel.is_set() else None
+                    if finish:
+                        run.finish_reason = finish
+                        # Accepted drafts after the finish were never committed: uncount them.
+                        stats.unaccept(sum(f for _, f in pending), sum(f for _, f in pending[i + 1:]))
                         return
         finally:
             if decode_start is not None:
@@ -296,21 +299,27 @@ class Engine:
         limit = min(MAX_DRAFT if self.policy else self.num_draft, self.target.n_ctx - len(ctx),
                     run.max_tokens - stats.generated_tokens - 1)
         key, drafter, draft = None, None, Draft([])
-        if run.speculative and limit > 0:
+        if run.speculative and limit > 0:  # (greedy needs no care below: argmax is in-vocab)
             key, drafter, draft = self._propose(run, limit)
         draft_ids = draft.token_ids[:limit]
-        # A drafter with a few extra vocabulary rows may propose an id the
-        # target does not have: p is 0 there, so the draft ends before it.
+        # A drafter with a few extra vocabulary rows may propose an id the target
+        # does not have: p is 0 there, so that draft is rejected for certain. The
+        # draft ends before it, and the position is resolved as a rejection below.
+        out_of_vocab = False
         for i, token in enumerate(draft_ids):
             if token >= self.target.vocab.size:
-                draft_ids = draft_ids[:i]
+                draft_ids, out_of_vocab = draft_ids[:i], True
                 break
 
         t0 = time.perf_counter()
         if not draft_ids:
             logits = self.target_cache.forward([ctx[-1]])[-1]  # [V]
             self._observe_target(1, time.perf_counter() - t0)
-            token = self._sample(logits, run)
+            if out_of_vocab and draft.probs is not None and not run.params.greedy:
+                # The first draft was out of vocabulary: a rejection at position 0.
+                token = self._resample_rejected(logits_to_probs(logits, run.params), draft.probs[0], run)
+            else:
+                token = self._sample(logits, run)
             stats.plain_steps += 1
             stats.plain_time_s += time.perf_counter() - t0
             return [(token, False)]
@@ -324,6 +333,10 @@ class Engine:
             draft_probs = None if draft.probs is None else \
                 _fit_vocab(draft.probs[:len(draft_ids)], target_probs.shape[-1])  # [k, V]
             new = rejection_sample(target_probs, draft_ids, draft_probs, run.rng)
+            if out_of_vocab and len(new) == len(draft_ids) + 1 and draft.probs is not None:
+                # Not a bonus token: the rejection at the out-of-vocabulary draft.
+                new[-1] = self._resample_rejected(target_probs[len(draft_ids)],
+                                                  draft.probs[len(draft_ids)], run)
         num_accepted = len(new) - 1
         stats.record_round(len(draft_ids), num_accepted, drafter.name)
         drafter.accepted(num_accepted)
@@ -364,6 +377,13 @@ class Engine:
     def _observe_target(self, n: int, seconds: float) -> None:
         if self.policy is not None:
             self.policy.cost.observe_target(n, seconds)
+
+    @staticmethod
+    def _resample_rejected(target_probs: np.ndarray, draft_probs: np.ndarray, run: _Run) -> int:
+        """The replacement after a certain rejection: norm(max(0, p - q)) over the target's ids."""
+        q = _fit_vocab(draft_probs[None], target_probs.shape[-1])[0]
+        residual = np.maximum(target_probs - q, 0.0)
+        return sample_from(residual if residual.sum() > 0 else target_probs, run.rng)
 
     @staticmethod
     def _sample(logits: np.ndarray, run: _Run) -> int:

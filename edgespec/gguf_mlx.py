@@ -84,6 +84,9 @@ def gguf_config(reader) -> dict:
         raise EdgespecError(f"the GGUF architecture {arch!r} is not supported on MLX yet "
                             f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)}): use --backend llama.cpp")
     tensors = {t.name: t for t in reader.tensors}
+    if "rope_freqs.weight" in tensors:
+        raise EdgespecError("this GGUF uses llama-3-style rope scaling (rope_freqs), which the MLX "
+                            "conversion does not support yet: use --backend llama.cpp")
     vocab_size = int(tensors["token_embd.weight"].shape[-1])
     hidden = value(f"{arch}.embedding_length")
     heads = value(f"{arch}.attention.head_count")

@@ -87,7 +87,7 @@ class ChatSession:
         finally:
             # Interrupted or not, what was said stays in the history.
             reply = "".join(pieces)
-            if self.messages[-1]["role"] == "user":
+            if self.messages and self.messages[-1]["role"] == "user":
                 self.messages.append({"role": "assistant", "content": reply})
             finish = final.finish_reason if final else "cancelled"
             stats = final.stats if final else GenerationStats()

@@ -74,6 +74,15 @@ class GenerationStats:
             for i in range(n):
                 counts[i] += 1
 
+    def unaccept(self, round_accepted: int, unused: int) -> None:
+        """Take back the last ``unused`` of a round's ``round_accepted`` accepted drafts:
+        the generation finished (end token, length, cancel) before they were committed."""
+        if unused <= 0:
+            return
+        self.accepted -= unused
+        for position in range(round_accepted - unused, round_accepted):
+            self.accepted_per_position[position] -= 1
+
     def merge(self, other: "GenerationStats") -> None:
         """Add another generation's counters to these (session totals)."""
         for name, value in asdict(other).items():

@@ -6,6 +6,8 @@ test at significance 0.001 (exactness.SIGNIFICANCE), with fixed seeds. A
 deliberately broken acceptance rule must fail the same test.
 """
 
+import numpy as np
+
 import edgespec.engine
 from edgespec import DraftModel, Engine, PromptLookup, SamplingParams
 from edgespec.backends.toy import ToyBackend
@@ -89,3 +91,17 @@ def test_broken_rule_fails_the_same_test(monkeypatch):
     engine = Engine(target, DraftModel(target.perturbed(noise=1.0, seed=2)), num_draft=3)
     pvalue, _ = pvalue_through_engine(engine, target, SamplingParams(temperature=1.0), seed=10)
     assert pvalue < SIGNIFICANCE
+
+
+def test_drafter_with_extra_vocabulary_rows_matches_target():
+    """A drafter with 2 more ids than the target (padding rows, as in some model
+    families) puts mass where p = 0: those drafts are rejections, exactly."""
+    target = toy_target()
+    rng = np.random.default_rng(3)
+    table = rng.normal(0.0, 1.5, (VOCAB + 2,) * 3)
+    table[:VOCAB, :VOCAB, :VOCAB] = target.table + rng.normal(0.0, 0.5, target.table.shape)
+    table[..., VOCAB:] += 1.0  # the extra ids get real probability
+    engine = Engine(target, DraftModel(ToyBackend(table, name="wide")), num_draft=3)
+    pvalue, totals = pvalue_through_engine(engine, target, SamplingParams(temperature=1.0), seed=14)
+    assert pvalue > SIGNIFICANCE
+    assert 0 < totals.accepted < totals.drafted

@@ -41,8 +41,11 @@ class MlxBackend(TokenizerMethods):
         self.vocab = tokenizer.vocab
         self.n_ctx = n_ctx
         self.cache = make_prompt_cache(model)
-        if not can_trim_prompt_cache(self.cache):
-            kinds = sorted({type(c).__name__ for c in self.cache if not c.is_trimmable()})
+        # A rotating (sliding-window) cache is trimmable only until the window fills.
+        if not can_trim_prompt_cache(self.cache) or any(
+                type(c).__name__ == "RotatingKVCache" for c in self.cache):
+            kinds = sorted({type(c).__name__ for c in self.cache
+                            if not c.is_trimmable() or type(c).__name__ == "RotatingKVCache"})
             raise EdgespecError(
                 f"{name}: speculative decoding requires a trimmable prompt cache (got "
                 f"{', '.join(kinds)}): use a model with a plain KV cache, or --backend llama.cpp")
@@ -78,8 +81,8 @@ class MlxBackend(TokenizerMethods):
     def rewind(self, n_past: int) -> None:
         # The cache's own offset is the truth, also after an interrupted forward.
         extra = self.cache[0].offset - n_past
-        if extra > 0:
-            trim_prompt_cache(self.cache, extra)
+        if extra > 0 and trim_prompt_cache(self.cache, extra) != extra:
+            raise EdgespecError(f"{self.name}: the KV cache could not be trimmed by {extra} tokens")
         self._n_past = min(self._n_past, n_past)
 
     @property

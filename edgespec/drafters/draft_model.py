@@ -49,6 +49,8 @@ class DraftModel:
     def propose(self, context: Sequence[int], num_draft: int, params: SamplingParams,
                 rng: np.random.Generator) -> Draft:
         """Sample up to ``num_draft`` tokens from the draft model's q."""
+        # The draft cache will hold the context and all drafts but the last.
+        num_draft = min(num_draft, self.backend.n_ctx - len(context) + 1)
         if num_draft <= 0:
             return Draft([])
         start = time.perf_counter()
