@@ -104,22 +104,24 @@ def run_bench(config: BenchConfig, options: BackendOptions, *, progress=None, lo
     """Run the sweep and return everything as one JSON-ready dict."""
     prompts = validate(config, options)
     target = load_backend(config.target, options)
-    drafters, memory = {}, {}
+    drafters, memory = {}, {}  # by display name: a model name, or a file's stem
     for spec in config.drafters:
         if spec == "lookup":
             drafters[spec], memory[spec] = PromptLookup(), 0
         else:
             backend = load_backend(spec, options)
-            drafters[spec] = DraftModel(backend, name=spec)
-            memory[spec] = getattr(backend, "memory_bytes", 0)
+            drafters[backend.name] = DraftModel(backend)
+            memory[backend.name] = getattr(backend, "memory_bytes", 0)
     models = [(name, d.backend) for name, d in drafters.items() if isinstance(d, DraftModel)]
     log("measuring the target's batch cost v(n) and each drafter's step cost c ...")
     cost = calibrate(target, models, sizes=sorted({1, 2, 3, 5, 9} | {k + 1 for k in config.num_draft}))
     engine = Engine(target, None, num_draft=max(config.num_draft))
     model_drafters = [d for d in drafters.values() if isinstance(d, DraftModel)]
     fixed = [(name, k) for name in drafters for k in config.num_draft]
+    # Auto mode runs with prompt lookup and the first draft model listed.
+    auto_drafter = model_drafters[0] if model_drafters else None
     total = (config.repeat * len(config.temperatures) * sum(len(p) for p in prompts.values())
-             * (1 + len(fixed) + (len(model_drafters) or 1) * config.auto))
+             * (1 + len(fixed) + config.auto))
     runs: list[RunRecord] = []
     done = 0
     for repeat in range(config.repeat):
@@ -138,7 +140,7 @@ def run_bench(config: BenchConfig, options: BackendOptions, *, progress=None, lo
                         progress(done, total, record)
                     plans = [("fixed", name, k) for name, k in fixed]
                     if config.auto:
-                        plans += [("auto", d.name, 0) for d in model_drafters] or [("auto", "lookup", 0)]
+                        plans.append(("auto", auto_drafter.name if auto_drafter else "lookup", 0))
                     for mode, name, k in plans:
                         g = _run_one(engine, mode, drafters.get(name), k, cost, ids, params, config)
                         record = _record(mode, g.stats.drafter, k, temperature, set_name, index,

@@ -75,14 +75,14 @@ def test_sweep_on_tiny_models_and_its_json_schema(text_models, tmp_path):
     assert set(data) >= {"machine", "target", "config", "costs", "drafter_memory_bytes", "runs",
                          "summary", "recommendation"}
     assert set(data["costs"]) == {"v", "c", "target_step_seconds"}
-    assert data["costs"]["v"]["1"] == pytest.approx(1.0) and str(draft) in data["costs"]["c"]
+    assert data["costs"]["v"]["1"] == pytest.approx(1.0) and draft.stem in data["costs"]["c"]
     row_keys = {"mode", "drafter", "num_draft", "temperature", "prompt_set", "runs", "acceptance_rate",
                 "mean_accepted_length", "acceptance_per_position", "tokens_per_second",
                 "speedup_median", "speedup_min", "speedup_max", "drafter_memory_bytes"}
     assert all(set(row) == row_keys for row in data["summary"])
     # 2 sets x 2 temperatures x (plain + 4 fixed + 1 auto) rows.
     assert len(data["summary"]) == 4 * 6
-    assert data["drafter_memory_bytes"][str(draft)] > 0
+    assert data["drafter_memory_bytes"][draft.stem] > 0
     assert csv_path.read_text().splitlines()[0].startswith("mode,drafter,num_draft")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     assert data["recommendation"]["mode"] in ("plain", "fixed", "auto")
