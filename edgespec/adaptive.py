@@ -139,7 +139,7 @@ class AdaptivePolicy:
 
     def tracker(self, name: str) -> AcceptanceTracker:
         if name not in self.trackers:
-            self.trackers[name] = AcceptanceTracker(prior=0.5 if name.startswith("lookup") else 0.6)
+            self.trackers[name] = AcceptanceTracker(prior=_LOOKUP_PRIORS.get(name, 0.6))
         return self.trackers[name]
 
     def best_k(self, name: str, limit: int, cost_name: str | None = None) -> tuple[int, float]:
@@ -157,8 +157,9 @@ class AdaptivePolicy:
         key = lookup_key(match_length)
         k, speed = self.best_k(key, min(available, limit), cost_name="lookup")
         if k and speed >= MIN_GAIN:
+            self.plain_since_probe[key] = 0
             return Plan("lookup", k, speed)
-        return Plan(None, 0, 1.0)
+        return self._probe_or_plain(key, min(available, limit), speed)
 
     def plan_model(self, name: str, limit: int) -> Plan:
         """Whether to draft with a draft model, and how far; probes now and then."""
@@ -166,15 +167,26 @@ class AdaptivePolicy:
         if k and speed >= MIN_GAIN:
             self.plain_since_probe[name] = 0
             return Plan(name, k, speed)
+        return self._probe_or_plain(name, limit, speed)
+
+    def _probe_or_plain(self, name: str, limit: int, speed: float) -> Plan:
+        """A losing drafter gets a short probe now and then, so that a change of
+        content (and so of acceptance) is noticed; otherwise decode plainly."""
         waited = self.plain_since_probe.get(name, 0) + 1
         self.plain_since_probe[name] = waited
         if waited >= self.probe_every and limit >= 1:
             self.plain_since_probe[name] = 0
-            return Plan(name, min(PROBE_K, limit), speed, probe=True)
+            drafter = "lookup" if name.startswith("lookup") else name
+            return Plan(drafter, min(PROBE_K, limit), speed, probe=True)
         return Plan(None, 0, 1.0)
 
     def observe_round(self, name: str, drafted: int, accepted: int) -> None:
         self.tracker(name).update(drafted, accepted)
+
+
+# Prompt lookup's starting guesses by match length: a 2-token match is usually a
+# coincidence, a 4-token one usually the start of a copy.
+_LOOKUP_PRIORS = {"lookup:1": 0.15, "lookup:2": 0.25, "lookup:3": 0.4, "lookup:4": 0.6}
 
 
 def lookup_key(match_length: int) -> str:

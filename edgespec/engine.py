@@ -360,6 +360,7 @@ class Engine:
             if draft.token_ids:
                 plan = policy.plan_lookup(draft.match_length, len(draft.token_ids), limit)
                 if plan.num_draft:
+                    stats.probes += plan.probe
                     return (lookup_key(draft.match_length), self._lookup,
                             Draft(draft.token_ids[:plan.num_draft], None, draft.match_length))
         model = self.draft_model
