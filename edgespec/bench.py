@@ -264,6 +264,7 @@ def write_plot(result: dict, path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fixed = [r for r in result["summary"] if r["mode"] == "fixed"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
@@ -282,6 +283,8 @@ def write_plot(result: dict, path: Path) -> None:
     for row in (r for r in result["summary"] if r["mode"] == "auto"):
         left.axhline(row["speedup_median"], color="grey", alpha=0.15)
     left.axhline(1.0, color="black", linewidth=1, linestyle="--")
+    for axis in (left, right):
+        axis.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     left.set(xlabel="k (tokens drafted per round)", ylabel="speedup vs plain (median over prompts)",
              title=f"{result['target']}: speedup vs k (grey: auto)")
     right.set(xlabel="draft position", ylabel="acceptance rate", ylim=(0, 1.05),
