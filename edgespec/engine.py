@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -73,7 +73,6 @@ class _Run:
     speculative: bool
     stats: GenerationStats
     finish_reason: str | None = None
-    generated: list[int] = field(default_factory=list)
 
 
 class Engine:
@@ -260,7 +259,6 @@ class Engine:
                     else:
                         stats.generated_tokens += 1
                         ctx.append(token)
-                        run.generated.append(token)
                         yield token, from_draft
                         finish = "length" if (stats.generated_tokens >= run.max_tokens
                                               or len(ctx) >= self.target.n_ctx) else \
