@@ -86,6 +86,7 @@ class Engine:
                  num_draft: int | str = 4, policy: AdaptivePolicy | None = None):
         self.target = target
         self._lookup: PromptLookup | None = None
+        self.policy: AdaptivePolicy | None = None
         self.configure(drafter, num_draft, policy)
         self.target_cache = CachedModel(target)
         self._busy = threading.Lock()
@@ -101,8 +102,7 @@ class Engine:
         self.num_draft = num_draft
         # Auto mode: the policy picks prompt lookup, the draft model or plain decoding
         # each round; prompt lookup is always on offer, since it costs nothing to ask.
-        self.policy = (policy or getattr(self, "policy", None) or AdaptivePolicy()) \
-            if num_draft == "auto" else None
+        self.policy = (policy or self.policy or AdaptivePolicy()) if num_draft == "auto" else None
         self.set_drafter(drafter)
 
     def set_drafter(self, drafter: Drafter | None) -> None:
@@ -297,12 +297,13 @@ class Engine:
         limit = min(MAX_DRAFT if self.policy else self.num_draft, self.target.n_ctx - len(ctx),
                     run.max_tokens - stats.generated_tokens - 1)
         key, drafter, draft = None, None, Draft([])
-        if run.speculative and limit > 0:  # (greedy needs no care below: argmax is in-vocab)
+        if run.speculative and limit > 0:
             key, drafter, draft = self._propose(run, limit)
         draft_ids = draft.token_ids[:limit]
         # A drafter with a few extra vocabulary rows may propose an id the target
         # does not have: p is 0 there, so that draft is rejected for certain. The
-        # draft ends before it, and the position is resolved as a rejection below.
+        # draft ends before it, and the position is resolved as a rejection below
+        # (greedy needs no such care: the target's argmax is always in its vocabulary).
         out_of_vocab = False
         for i, token in enumerate(draft_ids):
             if token >= self.target.vocab.size:
@@ -345,16 +346,11 @@ class Engine:
 
     def _propose(self, run: _Run, limit: int) -> tuple[str | None, Drafter | None, Draft]:
         """The draft for this round: from the fixed drafter, or as the policy plans."""
-        stats, ctx, policy = run.stats, run.context, self.policy
+        stats, policy = run.stats, self.policy
         if policy is None:
-            t0 = time.perf_counter()
-            draft = self.drafter.propose(ctx, limit, run.params, run.rng)
-            stats.draft_time_s += time.perf_counter() - t0
-            return self.drafter.name, self.drafter, draft
+            return self.drafter.name, self.drafter, self._timed_propose(self.drafter, run, limit)
         if self._lookup is not None:
-            t0 = time.perf_counter()
-            draft = self._lookup.propose(ctx, limit, run.params, run.rng)
-            stats.draft_time_s += time.perf_counter() - t0
+            draft = self._timed_propose(self._lookup, run, limit)
             if draft.token_ids:
                 plan = policy.plan_lookup(draft.match_length, len(draft.token_ids), limit)
                 if plan.num_draft:
@@ -365,13 +361,19 @@ class Engine:
         if model is not None:
             plan = policy.plan_model(model.name, limit)
             if plan.num_draft:
-                t0 = time.perf_counter()
-                draft = model.propose(ctx, plan.num_draft, run.params, run.rng)
-                stats.draft_time_s += time.perf_counter() - t0
+                draft = self._timed_propose(model, run, plan.num_draft)
                 policy.cost.observe_drafter(model.name, model.last_steps, model.last_step_seconds)
                 stats.probes += plan.probe
                 return model.name, model, draft
         return None, None, Draft([])
+
+    @staticmethod
+    def _timed_propose(drafter: Drafter, run: _Run, num_draft: int) -> Draft:
+        """``drafter.propose``, its time added to the run's drafting time."""
+        start = time.perf_counter()
+        draft = drafter.propose(run.context, num_draft, run.params, run.rng)
+        run.stats.draft_time_s += time.perf_counter() - start
+        return draft
 
     def _observe_target(self, n: int, seconds: float) -> None:
         if self.policy is not None:
