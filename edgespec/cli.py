@@ -163,8 +163,9 @@ def cmd_pair_check(args) -> int:
 def cmd_quantize(args) -> int:
     from rich.progress import Progress
 
+    from .models import stderr_console
     from .quantize import quantize
-    with Progress(console=_stderr_console(), transient=True) as bar:
+    with Progress(console=stderr_console(), transient=True) as bar:
         task = bar.add_task(f"quantizing to {args.type}", total=None)
         path = quantize(args.input, args.output, args.type,
                         progress=lambda done, total: bar.update(task, completed=done, total=total))
@@ -177,6 +178,7 @@ def cmd_bench(args) -> int:
 
     from .bench import BenchConfig, run_bench, save_profile, write_csv, write_json, write_plot
     from .bench_report import print_report
+    from .models import stderr_console
 
     def numbers(text, kind, flag):
         try:
@@ -192,7 +194,7 @@ def cmd_bench(args) -> int:
                          repeat=args.repeat, auto=not args.no_auto)
     options = BackendOptions(backend=args.backend, n_ctx=args.ctx, n_threads=args.threads,
                              n_gpu_layers=args.n_gpu_layers, fetch=True)
-    console = _stderr_console()
+    console = stderr_console()
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console) as bar:
         task = bar.add_task("sweep", total=None)
@@ -211,11 +213,6 @@ def cmd_bench(args) -> int:
         saved = save_profile(result, options)
         print(f"saved profile: {saved}" if saved else "no profile saved: plain decoding won")
     return 0
-
-
-def _stderr_console():
-    from rich.console import Console
-    return Console(stderr=True)
 
 
 # -- models --------------------------------------------------------------------------

