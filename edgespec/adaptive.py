@@ -32,12 +32,15 @@ import numpy as np
 from .backends.base import Backend
 
 MAX_DRAFT = 8             # the longest draft auto mode proposes
-DECAY = 0.9               # weight of the past in the acceptance and cost averages
-PROBE_EVERY = 48          # plain steps between two probes of a losing drafter
-PROBE_K = 2
-MIN_GAIN = 1.02           # speculate only when it is expected to beat plain by this much
-AUTO_DRAFT_P_MIN = 0.5    # auto mode: a draft model stops below this top probability
+DECAY = 0.95              # weight of the past in the acceptance and cost averages
+PRIOR_WEIGHT = 3.0        # pseudo-observations behind a prior acceptance rate
+AGING = 0.99              # evidence kept per round in which a drafter was not tried
+OPTIMISM = 0.25           # standard errors added to α when deciding (explores the unsure)
+MIN_GAIN = 1.04           # speculate only when it is expected to beat plain by this much
+CATCH_UP_ROUNDS = 4       # a drafter's catch-up after plain steps is shared by this many rounds
+AUTO_DRAFT_P_MIN = 0.8    # auto mode: a draft model stops below this top probability
 CALIBRATION_SIZES = (1, 2, 3, 5, 9)
+SYNC_SIZE = 16            # tokens of the drafter's batched catch-up timed at calibration
 
 
 @dataclass
@@ -46,17 +49,18 @@ class CostModel:
 
     target_s: dict[int, float] = field(default_factory=dict)   # n tokens -> seconds per pass
     drafter_s: dict[str, float] = field(default_factory=dict)  # drafter -> seconds per draft token
+    sync_s: dict[str, float] = field(default_factory=dict)     # drafter -> seconds per caught-up token
 
     def observe_target(self, n: int, seconds: float) -> None:
-        old = self.target_s.get(n)
-        self.target_s[n] = seconds if old is None else DECAY * old + (1 - DECAY) * seconds
+        self.target_s[n] = _average(self.target_s.get(n), seconds)
 
     def observe_drafter(self, name: str, tokens: int, seconds: float) -> None:
-        if tokens <= 0:
-            return
-        per_token = seconds / tokens
-        old = self.drafter_s.get(name)
-        self.drafter_s[name] = per_token if old is None else DECAY * old + (1 - DECAY) * per_token
+        if tokens > 0:
+            self.drafter_s[name] = _average(self.drafter_s.get(name), seconds / tokens)
+
+    def observe_sync(self, name: str, tokens: int, seconds: float) -> None:
+        if tokens > 0:
+            self.sync_s[name] = _average(self.sync_s.get(name), seconds / tokens)
 
     def v(self, n: int) -> float:
         """Time of an n-token target pass / time of a 1-token pass (interpolated)."""
@@ -76,49 +80,134 @@ class CostModel:
             return 0.0 if name == "lookup" else 0.5
         return self.drafter_s[name] / self.target_s[1]
 
+    def sync(self, name: str) -> float:
+        """Time for the drafter to catch up one token (batched) / one plain target step."""
+        if name not in self.sync_s or 1 not in self.target_s:
+            return self.c(name) / 4  # a batched token costs a fraction of a step
+        return self.sync_s[name] / self.target_s[1]
+
     def to_dict(self) -> dict:
         return {"target_s": {str(k): v for k, v in self.target_s.items()},
-                "drafter_s": dict(self.drafter_s)}
+                "drafter_s": dict(self.drafter_s), "sync_s": dict(self.sync_s)}
 
     @classmethod
     def from_dict(cls, data: dict) -> "CostModel":
         return cls({int(k): float(v) for k, v in data.get("target_s", {}).items()},
-                   {k: float(v) for k, v in data.get("drafter_s", {}).items()})
+                   {k: float(v) for k, v in data.get("drafter_s", {}).items()},
+                   {k: float(v) for k, v in data.get("sync_s", {}).items()})
+
+
+def _average(old: float | None, new: float) -> float:
+    return new if old is None else DECAY * old + (1 - DECAY) * new
+
+
+class _Rates:
+    """Per-position success rates: a prior plus exponentially weighted evidence.
+
+    rate_i = (hits_i + w·prior_i) / (trials_i + w), so a few rounds move it
+    away from the prior and old rounds fade (DECAY per observation). The prior
+    of a position is the estimate of the one before it: a position never
+    tested is assumed to behave like the last one that was.
+    """
+
+    def __init__(self, prior: float, weight: float):
+        self.prior, self.weight = prior, weight
+        self.hits: list[float] = []
+        self.trials: list[float] = []
+
+    def observe(self, position: int, hit: bool) -> None:
+        while position >= len(self.trials):
+            self.hits.append(0.0)
+            self.trials.append(0.0)
+        self.hits[position] = DECAY * self.hits[position] + (1.0 if hit else 0.0)
+        self.trials[position] = DECAY * self.trials[position] + 1.0
+
+    def age(self, factor: float) -> None:
+        self.hits = [h * factor for h in self.hits]
+        self.trials = [t * factor for t in self.trials]
+
+    def estimates(self, k: int, optimism: float = 0.0) -> list[float]:
+        """Rates of positions 0..k-1, plus ``optimism`` standard errors (capped at 1)."""
+        result, prior = [], self.prior
+        for i in range(k):
+            trials = self.trials[i] if i < len(self.trials) else 0.0
+            hits = self.hits[i] if i < len(self.hits) else 0.0
+            n = trials + self.weight
+            mean = (hits + self.weight * prior) / n
+            result.append(min(1.0, mean + optimism * float(np.sqrt(mean * (1 - mean) / n))))
+            prior = mean
+        return result
 
 
 class AcceptanceTracker:
-    """Exponentially weighted α_i per drafter (and per lookup match length)."""
+    """What a drafter's rounds yield, per draft position.
 
-    def __init__(self, prior: float):
-        self.prior = prior
-        self.alpha: list[float] = []
+    Two rates per position i: whether the drafter offers a token there at all
+    (a draft model stops early when its own top probability is low), and
+    whether the target accepts it, given the drafts before it were accepted.
+    """
 
-    def update(self, drafted: int, accepted: int) -> None:
+    def __init__(self, prior: float, offer_prior: float = 1.0, weight: float | None = None):
+        weight = PRIOR_WEIGHT if weight is None else weight
+        self.accept = _Rates(prior, weight)
+        self.offer = _Rates(offer_prior, weight)
+
+    def update(self, drafted: int, accepted: int, stopped: bool = False) -> None:
+        """A round that drafted ``drafted`` tokens (``stopped``: it wanted to draft
+        more but stopped for low confidence) of which ``accepted`` were accepted."""
+        for i in range(drafted):
+            self.offer.observe(i, True)
+        if stopped:
+            self.offer.observe(drafted, False)
         # Positions after the first rejection were never tested: leave them alone.
         for i in range(min(drafted, accepted + 1)):
-            hit = 1.0 if i < accepted else 0.0
-            if i >= len(self.alpha):
-                self.alpha.append(self.prior)
-            self.alpha[i] = DECAY * self.alpha[i] + (1 - DECAY) * hit
+            self.accept.observe(i, i < accepted)
 
-    def alpha_at(self, i: int) -> float:
-        if i < len(self.alpha):
-            return self.alpha[i]
-        # Unseen positions: as the last seen one (acceptance rarely rises with depth).
-        return self.alpha[-1] if self.alpha else self.prior
+    def age(self, factor: float | None = None) -> None:
+        """Trust the evidence a little less (the drafter was not tried this round)."""
+        factor = AGING if factor is None else factor
+        self.accept.age(factor)
+        self.offer.age(factor)
 
-    def expected_tokens(self, k: int) -> float:
-        """E(k): committed tokens of a round with k drafts (the +1 is the target's own)."""
+    @property
+    def alpha(self) -> list[float]:
+        """The acceptance estimates of the positions tested so far."""
+        return self.accept.estimates(len(self.accept.trials))
+
+    def expected_tokens(self, k: int, optimism: float = 0.0) -> float:
+        """E(k): committed tokens of a round of up to k drafts (the +1 is the target's own)."""
         total, reach = 1.0, 1.0
-        for i in range(k):
-            reach *= self.alpha_at(i)
+        for a, g in zip(self.accept.estimates(k, optimism), self.offer.estimates(k, optimism)):
+            reach *= a * g
             total += reach
         return total
+
+    def expected_speed(self, k: int, c: float, v, overhead: float = 0.0,
+                       optimism: float = 0.0) -> float:
+        """Committed tokens per plain step of a round of up to k drafts.
+
+        The drafter runs while it offers tokens (c per step, the first always);
+        the target verifies what was offered, v(1 + n) (a plain step when n = 0).
+        """
+        offers = self.offer.estimates(k, optimism)
+        cost, through = overhead + c, 1.0  # through: P(positions 0..i-1 all offered)
+        for n in range(k):
+            stop_here = through * (1.0 - offers[n])
+            cost += stop_here * v(1 + n)
+            through *= offers[n]
+            if n + 1 < k:
+                cost += through * c  # the drafter's next step
+        cost += through * v(1 + k)
+        return self.expected_tokens(k, optimism) / cost
 
 
 @dataclass
 class Plan:
-    """What the next round does: a drafter and how many drafts (0: plain step)."""
+    """What the next round does: a drafter and how many drafts (0: plain step).
+
+    ``probe`` marks a round that is expected to lose on the estimates so far
+    but is tried because they are still unsure (it may win).
+    """
 
     drafter: str | None
     num_draft: int
@@ -126,72 +215,84 @@ class Plan:
     probe: bool = False
 
 
+PLAIN = Plan(None, 0, 1.0)
+
+
 class AdaptivePolicy:
-    """Chooses, before each round, the drafter and k that maximise E / (k·c + v(k+1))."""
+    """Chooses, before each round, the drafter and k that maximise E / (k·c + v(k+1)).
+
+    Decisions use an optimistic α (the estimate plus ``optimism`` standard
+    errors): a drafter that might pay is tried until the evidence says it
+    does not, and evidence ages while a drafter is not tried, so it gets
+    tried again now and then. Lookup rounds are tracked by match length.
+    """
 
     def __init__(self, cost: CostModel | None = None, *, max_draft: int = MAX_DRAFT,
-                 probe_every: int = PROBE_EVERY):
+                 optimism: float | None = None, priors: dict[str, float] | None = None):
         self.cost = cost or CostModel()
         self.max_draft = max_draft
-        self.probe_every = probe_every
+        self.optimism = OPTIMISM if optimism is None else optimism
+        self.priors = {**LOOKUP_PRIORS, **(priors or {})}
         self.trackers: dict[str, AcceptanceTracker] = {}
-        self.plain_since_probe: dict[str, int] = {}
 
     def tracker(self, name: str) -> AcceptanceTracker:
         if name not in self.trackers:
-            self.trackers[name] = AcceptanceTracker(prior=_LOOKUP_PRIORS.get(name, 0.6))
+            lookup = name.startswith("lookup")
+            self.trackers[name] = AcceptanceTracker(
+                self.priors.get(name, MODEL_PRIOR), 1.0 if lookup else OFFER_PRIOR)
         return self.trackers[name]
 
-    def best_k(self, name: str, limit: int, cost_name: str | None = None) -> tuple[int, float]:
-        """The k (1..limit) with the highest expected speed, and that speed."""
-        tracker, c = self.tracker(name), self.cost.c(cost_name or name)
+    def best_k(self, name: str, limit: int, cost_name: str | None = None, *,
+               behind: int = 0, optimism: float = 0.0) -> tuple[int, float]:
+        """The k (1..limit) with the highest expected speed, and that speed.
+
+        ``behind``: tokens the drafter must catch up on first (after plain steps).
+        """
+        cost_name = cost_name or name
+        tracker, c = self.tracker(name), self.cost.c(cost_name)
+        overhead = behind * self.cost.sync(cost_name) / CATCH_UP_ROUNDS if behind > 2 else 0.0
         best = (0, 1.0)
         for k in range(1, min(limit, self.max_draft) + 1):
-            speed = tracker.expected_tokens(k) / (k * c + self.cost.v(k + 1))
+            speed = tracker.expected_speed(k, c, self.cost.v, overhead, optimism)
             if speed > best[1]:
                 best = (k, speed)
         return best
 
+    def _plan(self, key: str, drafter: str, limit: int, cost_name: str, behind: int = 0) -> Plan:
+        k, speed = self.best_k(key, limit, cost_name, behind=behind)
+        if k and speed >= MIN_GAIN:
+            return Plan(drafter, k, speed)
+        k, hope = self.best_k(key, limit, cost_name, behind=behind, optimism=self.optimism)
+        if k and hope >= MIN_GAIN:
+            return Plan(drafter, k, speed, probe=True)
+        self.tracker(key).age()
+        return PLAIN
+
     def plan_lookup(self, match_length: int, available: int, limit: int) -> Plan:
         """How much of a prompt-lookup proposal to verify (0: not worth it)."""
-        key = lookup_key(match_length)
-        k, speed = self.best_k(key, min(available, limit), cost_name="lookup")
-        if k and speed >= MIN_GAIN:
-            self.plain_since_probe[key] = 0
-            return Plan("lookup", k, speed)
-        return self._probe_or_plain(key, min(available, limit), speed)
+        return self._plan(lookup_key(match_length), "lookup", min(available, limit), "lookup")
 
-    def plan_model(self, name: str, limit: int) -> Plan:
-        """Whether to draft with a draft model, and how far; probes now and then."""
-        k, speed = self.best_k(name, limit)
-        if k and speed >= MIN_GAIN:
-            self.plain_since_probe[name] = 0
-            return Plan(name, k, speed)
-        return self._probe_or_plain(name, limit, speed)
+    def plan_model(self, name: str, limit: int, behind: int = 0) -> Plan:
+        """Whether to draft with a draft model ``behind`` tokens out of date, and how far."""
+        return self._plan(name, name, limit, name, behind)
 
-    def _probe_or_plain(self, name: str, limit: int, speed: float) -> Plan:
-        """A losing drafter gets a short probe now and then, so that a change of
-        content (and so of acceptance) is noticed; otherwise decode plainly."""
-        waited = self.plain_since_probe.get(name, 0) + 1
-        self.plain_since_probe[name] = waited
-        if waited >= self.probe_every and limit >= 1:
-            self.plain_since_probe[name] = 0
-            drafter = "lookup" if name.startswith("lookup") else name
-            return Plan(drafter, min(PROBE_K, limit), speed, probe=True)
-        return Plan(None, 0, 1.0)
-
-    def observe_round(self, name: str, drafted: int, accepted: int) -> None:
-        self.tracker(name).update(drafted, accepted)
+    def observe_round(self, name: str, drafted: int, accepted: int, stopped: bool = False) -> None:
+        """Learn from a round (``stopped``: the drafter stopped short of the plan)."""
+        self.tracker(name).update(drafted, accepted, stopped)
 
 
-# Prompt lookup's starting guesses by match length: a 2-token match is usually a
-# coincidence, a 4-token one usually the start of a copy.
-_LOOKUP_PRIORS = {"lookup:1": 0.15, "lookup:2": 0.25, "lookup:3": 0.4, "lookup:4": 0.6}
+# Starting guesses of α. Prompt lookup's depend on the match length: a 2-token
+# match is often a coincidence, an 8-token one usually a copy in progress.
+MODEL_PRIOR = 0.95
+OFFER_PRIOR = 1.0   # how often a draft model is confident enough to draft (lookup: always)
+LOOKUP_PRIORS = {"lookup:2": 0.3, "lookup:3": 0.4, "lookup:4": 0.6, "lookup:8": 0.8}
+LOOKUP_MAX_NGRAM = 8
 
 
 def lookup_key(match_length: int) -> str:
-    """Prompt lookup's acceptance is tracked per match length: longer matches copy better."""
-    return f"lookup:{min(match_length, 4)}"
+    """Prompt lookup's acceptance is tracked per match length (2, 3, 4-7, 8+)."""
+    bucket = 8 if match_length >= 8 else 4 if match_length >= 4 else max(match_length, 2)
+    return f"lookup:{bucket}"
 
 
 # -- calibration -------------------------------------------------------------------
@@ -212,7 +313,8 @@ def calibration_key(target: Backend, draft: Backend | None) -> str:
 
 def calibrate(target: Backend, drafts: Sequence[tuple[str, Backend]], *,
               sizes: Sequence[int] = CALIBRATION_SIZES, repeats: int = 3) -> CostModel:
-    """Time target passes of ``sizes`` tokens and one-token drafter steps.
+    """Time target passes of ``sizes`` tokens, one-token drafter steps and a
+    drafter's batched catch-up.
 
     Takes the fastest of ``repeats`` passes (the least disturbed by other
     work) and makes v(n) non-decreasing in n. Runs on a short dummy context
@@ -241,6 +343,7 @@ def calibrate(target: Backend, drafts: Sequence[tuple[str, Backend]], *,
             cost.target_s[n] = slowest
         for name, backend in drafts:
             cost.drafter_s[name] = timed(backend, 1)
+            cost.sync_s[name] = timed(backend, SYNC_SIZE) / SYNC_SIZE
     finally:  # also when interrupted: no dummy tokens stay behind
         target.rewind(0)
         for _, backend in drafts:
@@ -259,7 +362,8 @@ def load_or_calibrate(target: Backend, drafts: Sequence[tuple[str, Backend]]) ->
     path = calibration_path(target, drafts[0][1] if drafts else None)
     try:
         cost = CostModel.from_dict(json.loads(path.read_text()))
-        if 1 in cost.target_s and all(name in cost.drafter_s for name, _ in drafts):
+        if 1 in cost.target_s and all(name in cost.drafter_s and name in cost.sync_s
+                                      for name, _ in drafts):
             return cost
     except (OSError, ValueError):
         pass

@@ -177,7 +177,7 @@ def _run_one(engine: Engine, mode: str, drafter, k: int, cost, ids, params, conf
         model.min_confidence = AUTO_DRAFT_P_MIN if mode == "auto" else 0.0
     if mode == "auto":
         # A fresh policy per prompt, starting from this machine's measured costs.
-        policy = AdaptivePolicy(CostModel(dict(cost.target_s), dict(cost.drafter_s)))
+        policy = AdaptivePolicy(CostModel(dict(cost.target_s), dict(cost.drafter_s), dict(cost.sync_s)))
         engine.configure(model, "auto", policy)
     else:
         engine.configure(drafter, k)

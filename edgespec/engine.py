@@ -24,7 +24,7 @@ import numpy as np
 from .backends.base import Backend
 from .cache import CachedModel, common_prefix_length
 from .detokenize import IncrementalDetokenizer, StopMatcher
-from .adaptive import MAX_DRAFT, AdaptivePolicy, lookup_key
+from .adaptive import LOOKUP_MAX_NGRAM, MAX_DRAFT, AdaptivePolicy, lookup_key
 from .compat import check_compatible
 from .drafters.base import Draft, Drafter
 from .drafters.draft_model import DraftModel
@@ -111,8 +111,10 @@ class Engine:
             check_compatible(self.target, drafter.backend)
         self.drafter = drafter
         if self.policy is not None:
+            # Longer n-grams than a fixed lookup uses: they tell a copy in progress
+            # (an 8-token match) from a coincidence (a 2-token one).
             self._lookup = drafter if isinstance(drafter, PromptLookup) else \
-                (self._lookup or PromptLookup())
+                (self._lookup or PromptLookup(max_ngram=LOOKUP_MAX_NGRAM))
 
     @property
     def draft_model(self) -> DraftModel | None:
@@ -296,9 +298,9 @@ class Engine:
         # own token after the drafts makes up the last one).
         limit = min(MAX_DRAFT if self.policy else self.num_draft, self.target.n_ctx - len(ctx),
                     run.max_tokens - stats.generated_tokens - 1)
-        key, drafter, draft = None, None, Draft([])
+        key, drafter, draft, stopped = None, None, Draft([]), False
         if run.speculative and limit > 0:
-            key, drafter, draft = self._propose(run, limit)
+            key, drafter, draft, stopped = self._propose(run, limit)
         draft_ids = draft.token_ids[:limit]
         # A drafter with a few extra vocabulary rows may propose an id the target
         # does not have: p is 0 there, so that draft is rejected for certain. The
@@ -340,15 +342,19 @@ class Engine:
         stats.record_round(len(draft_ids), num_accepted, drafter.name)
         drafter.accepted(num_accepted)
         if self.policy is not None:
-            self.policy.observe_round(key, len(draft_ids), num_accepted)
+            self.policy.observe_round(key, len(draft_ids), num_accepted, stopped)
         stats.verify_time_s += time.perf_counter() - t0
         return [(t, True) for t in new[:-1]] + [(new[-1], False)]
 
-    def _propose(self, run: _Run, limit: int) -> tuple[str | None, Drafter | None, Draft]:
-        """The draft for this round: from the fixed drafter, or as the policy plans."""
+    def _propose(self, run: _Run, limit: int) -> tuple[str | None, Drafter | None, Draft, bool]:
+        """The draft for this round: from the fixed drafter, or as the policy plans.
+
+        Returns the policy's key for the drafter, the drafter, the draft, and
+        whether a draft model stopped short of the planned k (low confidence).
+        """
         stats, policy = run.stats, self.policy
         if policy is None:
-            return self.drafter.name, self.drafter, self._timed_propose(self.drafter, run, limit)
+            return self.drafter.name, self.drafter, self._timed_propose(self.drafter, run, limit), False
         if self._lookup is not None:
             draft = self._timed_propose(self._lookup, run, limit)
             if draft.token_ids:
@@ -356,16 +362,22 @@ class Engine:
                 if plan.num_draft:
                     stats.probes += plan.probe
                     return (lookup_key(draft.match_length), self._lookup,
-                            Draft(draft.token_ids[:plan.num_draft], None, draft.match_length))
+                            Draft(draft.token_ids[:plan.num_draft], None, draft.match_length), False)
         model = self.draft_model
         if model is not None:
-            plan = policy.plan_model(model.name, limit)
+            behind = len(run.context) - common_prefix_length(model.cache.tokens, run.context)
+            plan = policy.plan_model(model.name, limit, behind)
             if plan.num_draft:
                 draft = self._timed_propose(model, run, plan.num_draft)
                 policy.cost.observe_drafter(model.name, model.last_steps, model.last_step_seconds)
+                policy.cost.observe_sync(model.name, model.last_catch_up, model.last_catch_up_seconds)
+                stopped = len(draft.token_ids) < plan.num_draft
+                if not draft.token_ids:  # not confident enough to draft anything
+                    policy.observe_round(model.name, 0, 0, stopped=True)
+                    return None, None, draft, False
                 stats.probes += plan.probe
-                return model.name, model, draft
-        return None, None, Draft([])
+                return model.name, model, draft, stopped
+        return None, None, Draft([]), False
 
     @staticmethod
     def _timed_propose(drafter: Drafter, run: _Run, num_draft: int) -> Draft:

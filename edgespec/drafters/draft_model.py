@@ -40,6 +40,8 @@ class DraftModel:
         self.min_confidence = min_confidence
         self.last_steps = 0  # draft-model passes of the last proposal, and their time
         self.last_step_seconds = 0.0
+        self.last_catch_up = 0  # tokens of a catch-up before the last proposal, and its time
+        self.last_catch_up_seconds = 0.0
 
     def prefill(self, context: Sequence[int]) -> int:
         """Evaluate the prompt ahead of the first round; return tokens evaluated."""
@@ -60,6 +62,8 @@ class DraftModel:
         catch_up = evaluated > 2
         self.last_steps = 0 if catch_up else 1
         counted_from = time.perf_counter() if catch_up else start
+        self.last_catch_up = evaluated if catch_up else 0
+        self.last_catch_up_seconds = counted_from - start if catch_up else 0.0
         token_ids: list[int] = []
         probs: list[np.ndarray] = []
         for i in range(num_draft):
