@@ -8,10 +8,17 @@ where c is the drafter's step cost, v(n) the target's n-token pass, both in
 units of a one-token target pass, and α_i the probability that draft position
 i is accepted given the ones before it were. Plain decoding has S = 1. The
 costs are measured (a short calibration at load, cached per model pair and
-machine, then updated from every pass); α is tracked per drafter with an
-exponentially weighted average, so it follows the content. When nothing
-beats plain decoding, the engine decodes plainly and now and then probes a
-short draft so that a change of content is noticed.
+machine, then updated from every pass). A draft model that stops early when
+unsure (``--draft-p-min``) also has an offer rate per position: how often it
+drafts there at all; a stop still costs its drafter step, so S counts it.
+
+α and the offer rates are tracked per drafter (prompt lookup per match
+length) as a prior plus exponentially weighted evidence, so they follow the
+content. Decisions add a little optimism (a fraction of a standard error), so
+a drafter that may pay is tried until the evidence says otherwise; evidence
+ages while a drafter is not tried, so a losing one is tried again now and
+then and a change of content is noticed. A draft model that fell behind
+during plain steps must catch up before drafting; that cost counts too.
 
 Choosing the proposal from past rounds only (never from the target's output
 for the round being verified) keeps the acceptance rule exact.
@@ -35,8 +42,9 @@ MAX_DRAFT = 8             # the longest draft auto mode proposes
 DECAY = 0.95              # weight of the past in the acceptance and cost averages
 PRIOR_WEIGHT = 3.0        # pseudo-observations behind a prior acceptance rate
 AGING = 0.99              # evidence kept per round in which a drafter was not tried
-OPTIMISM = 0.25           # standard errors added to α when deciding (explores the unsure)
+OPTIMISM = 0.35           # standard errors added to α when deciding (explores the unsure)
 MIN_GAIN = 1.04           # speculate only when it is expected to beat plain by this much
+PROBE_GAIN = 1.04         # ... or, as a probe, when it might (with optimism)
 CATCH_UP_ROUNDS = 4       # a drafter's catch-up after plain steps is shared by this many rounds
 AUTO_DRAFT_P_MIN = 0.8    # auto mode: a draft model stops below this top probability
 CALIBRATION_SIZES = (1, 2, 3, 5, 9)
@@ -126,9 +134,12 @@ class _Rates:
         self.hits = [h * factor for h in self.hits]
         self.trials = [t * factor for t in self.trials]
 
-    def estimates(self, k: int, optimism: float = 0.0) -> list[float]:
-        """Rates of positions 0..k-1, plus ``optimism`` standard errors (capped at 1)."""
-        result, prior = [], self.prior
+    def estimates(self, k: int, optimism: float = 0.0, prior: float | None = None) -> list[float]:
+        """Rates of positions 0..k-1, plus ``optimism`` standard errors (capped at 1).
+
+        ``prior`` replaces the prior of position 0 (see ``AcceptanceTracker.parent``).
+        """
+        result, prior = [], self.prior if prior is None else prior
         for i in range(k):
             trials = self.trials[i] if i < len(self.trials) else 0.0
             hits = self.hits[i] if i < len(self.hits) else 0.0
@@ -147,10 +158,21 @@ class AcceptanceTracker:
     whether the target accepts it, given the drafts before it were accepted.
     """
 
-    def __init__(self, prior: float, offer_prior: float = 1.0, weight: float | None = None):
+    def __init__(self, prior: float, offer_prior: float = 1.0, weight: float | None = None,
+                 parent: "AcceptanceTracker | None" = None):
         weight = PRIOR_WEIGHT if weight is None else weight
         self.accept = _Rates(prior, weight)
-        self.offer = _Rates(offer_prior, weight)
+        self.offer = _Rates(offer_prior, OFFER_WEIGHT)
+        # A tracker pooled over related keys (all prompt-lookup match lengths): its
+        # estimate pulls this one's prior, so that when lookup copies well in this
+        # content, short matches are tried too.
+        self.parent = parent
+
+    def _accept(self, k: int, optimism: float) -> list[float]:
+        prior = None
+        if self.parent is not None:
+            prior = (self.accept.prior + self.parent.accept.estimates(1)[0]) / 2
+        return self.accept.estimates(k, optimism, prior)
 
     def update(self, drafted: int, accepted: int, stopped: bool = False) -> None:
         """A round that drafted ``drafted`` tokens (``stopped``: it wanted to draft
@@ -172,12 +194,12 @@ class AcceptanceTracker:
     @property
     def alpha(self) -> list[float]:
         """The acceptance estimates of the positions tested so far."""
-        return self.accept.estimates(len(self.accept.trials))
+        return self._accept(len(self.accept.trials), 0.0)
 
     def expected_tokens(self, k: int, optimism: float = 0.0) -> float:
         """E(k): committed tokens of a round of up to k drafts (the +1 is the target's own)."""
         total, reach = 1.0, 1.0
-        for a, g in zip(self.accept.estimates(k, optimism), self.offer.estimates(k, optimism)):
+        for a, g in zip(self._accept(k, optimism), self.offer.estimates(k, optimism)):
             reach *= a * g
             total += reach
         return total
@@ -237,9 +259,13 @@ class AdaptivePolicy:
 
     def tracker(self, name: str) -> AcceptanceTracker:
         if name not in self.trackers:
-            lookup = name.startswith("lookup")
-            self.trackers[name] = AcceptanceTracker(
-                self.priors.get(name, MODEL_PRIOR), 1.0 if lookup else OFFER_PRIOR)
+            if name.startswith("lookup:"):
+                self.trackers[name] = AcceptanceTracker(
+                    self.priors.get(name, MODEL_PRIOR), parent=self.tracker("lookup"))
+            elif name == "lookup":
+                self.trackers[name] = AcceptanceTracker(LOOKUP_POOLED_PRIOR)
+            else:
+                self.trackers[name] = AcceptanceTracker(self.priors.get(name, MODEL_PRIOR), OFFER_PRIOR)
         return self.trackers[name]
 
     def best_k(self, name: str, limit: int, cost_name: str | None = None, *,
@@ -263,7 +289,7 @@ class AdaptivePolicy:
         if k and speed >= MIN_GAIN:
             return Plan(drafter, k, speed)
         k, hope = self.best_k(key, limit, cost_name, behind=behind, optimism=self.optimism)
-        if k and hope >= MIN_GAIN:
+        if k and hope >= PROBE_GAIN:
             return Plan(drafter, k, speed, probe=True)
         self.tracker(key).age()
         return PLAIN
@@ -279,13 +305,17 @@ class AdaptivePolicy:
     def observe_round(self, name: str, drafted: int, accepted: int, stopped: bool = False) -> None:
         """Learn from a round (``stopped``: the drafter stopped short of the plan)."""
         self.tracker(name).update(drafted, accepted, stopped)
+        if name.startswith("lookup:"):
+            self.tracker("lookup").update(drafted, accepted)
 
 
 # Starting guesses of α. Prompt lookup's depend on the match length: a 2-token
 # match is often a coincidence, an 8-token one usually a copy in progress.
 MODEL_PRIOR = 0.95
+OFFER_WEIGHT = 6.0  # pseudo-observations behind it
 OFFER_PRIOR = 1.0   # how often a draft model is confident enough to draft (lookup: always)
 LOOKUP_PRIORS = {"lookup:2": 0.3, "lookup:3": 0.4, "lookup:4": 0.6, "lookup:8": 0.8}
+LOOKUP_POOLED_PRIOR = 0.5
 LOOKUP_MAX_NGRAM = 8
 
 

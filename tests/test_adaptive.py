@@ -135,3 +135,28 @@ def test_calibration_measures_every_size_and_leaves_caches_empty():
     assert cost.sync_s["toy-draft"] > 0
     assert target.n_past == 0 and draft.n_past == 0
     assert cost.v(1) == pytest.approx(1.0) and cost.v(2) > 0
+
+
+class CountingDraftModel(DraftModel):
+    """A real draft model that counts how often the engine asks it for a draft."""
+
+    calls = 0
+
+    def propose(self, *args, **kwargs):
+        self.calls += 1
+        return super().propose(*args, **kwargs)
+
+
+def test_auto_stops_asking_a_drafter_that_is_never_confident():
+    target = ToyBackend.random(12, seed=5, scale=0.2)  # flat: the drafter is never sure
+    draft = CountingDraftModel(target.perturbed(noise=0.0, seed=6), min_confidence=0.5)
+    policy = AdaptivePolicy(costs(batch_grows=0.3, drafter=0.5))
+    engine = Engine(target, draft, num_draft="auto", policy=policy)
+    prompt = [0, 1, 2, 3]
+    auto = engine.generate(prompt, GREEDY, max_tokens=100)
+    assert auto.token_ids == engine.generate(prompt, GREEDY, max_tokens=100,
+                                             speculative=False).token_ids
+    assert auto.stats.rounds_per_drafter.get("toy-draft", 0) == 0
+    assert 1 <= draft.calls <= 20  # tried, found unsure, then asked only now and then
+    offer = policy.tracker("toy-draft").offer
+    assert offer.trials[0] > 0 and offer.hits[0] == 0  # every try was a stop, and was counted
