@@ -45,7 +45,6 @@ AGING = 0.99              # evidence kept per round in which a drafter was not t
 OPTIMISM = 0.35           # standard errors added to α when deciding (explores the unsure)
 MIN_GAIN = 1.04           # speculate only when it is expected to beat plain by this much
 PROBE_GAIN = 1.04         # ... or, as a probe, when it might (with optimism)
-CATCH_UP_ROUNDS = 4       # a drafter's catch-up after plain steps is shared by this many rounds
 AUTO_DRAFT_P_MIN = 0.8    # auto mode: a draft model stops below this top probability
 CALIBRATION_SIZES = (1, 2, 3, 5, 9)
 SYNC_SIZE = 16            # tokens of the drafter's batched catch-up timed at calibration
@@ -276,7 +275,8 @@ class AdaptivePolicy:
         """
         cost_name = cost_name or name
         tracker, c = self.tracker(name), self.cost.c(cost_name)
-        overhead = behind * self.cost.sync(cost_name) / CATCH_UP_ROUNDS if behind > 2 else 0.0
+        # A draft model that sat out plain steps first catches up on them (batched).
+        overhead = behind * self.cost.sync(cost_name) if behind > 2 else 0.0
         best = (0, 1.0)
         for k in range(1, min(limit, self.max_draft) + 1):
             speed = tracker.expected_speed(k, c, self.cost.v, overhead, optimism)

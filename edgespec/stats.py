@@ -27,7 +27,7 @@ class GenerationStats:
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
     rounds_per_drafter: dict[str, int] = field(default_factory=dict)
-    probes: int = 0  # auto mode: rounds drafted only to re-check a losing drafter
+    probes: int = 0  # auto mode: rounds tried while the estimates said they would lose
     prefill_time_s: float = 0.0
     draft_time_s: float = 0.0
     verify_time_s: float = 0.0
