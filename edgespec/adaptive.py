@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import platform
 import time
@@ -38,6 +39,9 @@ import numpy as np
 
 from .backends.base import Backend
 
+# The policy's constants were tuned with scripts/policy_sim.py (auto mode replayed
+# on recorded traces of the bench prompts, checked on other prompts) and then
+# measured with `edgespec bench`.
 MAX_DRAFT = 8             # the longest draft auto mode proposes
 DECAY = 0.95              # weight of the past in the acceptance and cost averages
 PRIOR_WEIGHT = 3.0        # pseudo-observations behind a prior acceptance rate
@@ -46,6 +50,14 @@ OPTIMISM = 0.35           # standard errors added to α when deciding (explores 
 MIN_GAIN = 1.04           # speculate only when it is expected to beat plain by this much
 PROBE_GAIN = 1.04         # ... or, as a probe, when it might (with optimism)
 AUTO_DRAFT_P_MIN = 0.8    # auto mode: a draft model stops below this top probability
+# Starting guesses of α. Prompt lookup's depend on the match length: a 2-token
+# match is often a coincidence, an 8-token one usually a copy in progress.
+MODEL_PRIOR = 0.95
+OFFER_PRIOR = 1.0         # how often a draft model is confident enough to draft at all
+OFFER_WEIGHT = 6.0        # pseudo-observations behind it
+LOOKUP_PRIORS = {"lookup:2": 0.3, "lookup:3": 0.4, "lookup:4": 0.6, "lookup:8": 0.8}
+LOOKUP_POOLED_PRIOR = 0.5  # all match lengths together
+LOOKUP_MAX_NGRAM = 8
 CALIBRATION_SIZES = (1, 2, 3, 5, 9)
 SYNC_SIZE = 16            # tokens of the drafter's batched catch-up timed at calibration
 
@@ -144,7 +156,7 @@ class _Rates:
             hits = self.hits[i] if i < len(self.hits) else 0.0
             n = trials + self.weight
             mean = (hits + self.weight * prior) / n
-            result.append(min(1.0, mean + optimism * float(np.sqrt(mean * (1 - mean) / n))))
+            result.append(min(1.0, mean + optimism * math.sqrt(mean * (1 - mean) / n)))
             prior = mean
         return result
 
@@ -157,10 +169,9 @@ class AcceptanceTracker:
     whether the target accepts it, given the drafts before it were accepted.
     """
 
-    def __init__(self, prior: float, offer_prior: float = 1.0, weight: float | None = None,
+    def __init__(self, prior: float, offer_prior: float = 1.0,
                  parent: "AcceptanceTracker | None" = None):
-        weight = PRIOR_WEIGHT if weight is None else weight
-        self.accept = _Rates(prior, weight)
+        self.accept = _Rates(prior, PRIOR_WEIGHT)
         self.offer = _Rates(offer_prior, OFFER_WEIGHT)
         # A tracker pooled over related keys (all prompt-lookup match lengths): its
         # estimate pulls this one's prior, so that when lookup copies well in this
@@ -203,23 +214,32 @@ class AcceptanceTracker:
             total += reach
         return total
 
-    def expected_speed(self, k: int, c: float, v, overhead: float = 0.0,
-                       optimism: float = 0.0) -> float:
-        """Committed tokens per plain step of a round of up to k drafts.
+    def expected_speeds(self, k_max: int, c: float, v, overhead: float = 0.0,
+                        optimism: float = 0.0) -> list[float]:
+        """Committed tokens per plain step of a round of up to k drafts, for k = 1..k_max.
 
         The drafter runs while it offers tokens (c per step, the first always);
         the target verifies what was offered, v(1 + n) (a plain step when n = 0).
+        ``overhead``: a catch-up the round pays first, in plain steps.
         """
-        offers = self.offer.estimates(k, optimism)
-        cost, through = overhead + c, 1.0  # through: P(positions 0..i-1 all offered)
-        for n in range(k):
-            stop_here = through * (1.0 - offers[n])
-            cost += stop_here * v(1 + n)
+        accepts, offers = self._accept(k_max, optimism), self.offer.estimates(k_max, optimism)
+        speeds = []
+        tokens, reach = 1.0, 1.0     # E(k) so far; P(positions 0..k-1 all accepted)
+        spent, through = overhead + c, 1.0  # cost of the rounds that stopped before k; P(offered 0..k-1)
+        for k in range(1, k_max + 1):
+            n = k - 1  # the position this k adds
+            reach *= accepts[n] * offers[n]
+            tokens += reach
+            spent += through * (1.0 - offers[n]) * v(1 + n)  # it stopped at position n
             through *= offers[n]
-            if n + 1 < k:
-                cost += through * c  # the drafter's next step
-        cost += through * v(1 + k)
-        return self.expected_tokens(k, optimism) / cost
+            speeds.append(tokens / (spent + through * v(1 + k)))
+            spent += through * c  # the drafter step for position k, if k grows
+        return speeds
+
+    def expected_speed(self, k: int, c: float, v, overhead: float = 0.0,
+                       optimism: float = 0.0) -> float:
+        """Committed tokens per plain step of a round of up to k drafts."""
+        return self.expected_speeds(k, c, v, overhead, optimism)[-1]
 
 
 @dataclass
@@ -277,12 +297,13 @@ class AdaptivePolicy:
         tracker, c = self.tracker(name), self.cost.c(cost_name)
         # A draft model that sat out plain steps first catches up on them (batched).
         overhead = behind * self.cost.sync(cost_name) if behind > 2 else 0.0
-        best = (0, 1.0)
-        for k in range(1, min(limit, self.max_draft) + 1):
-            speed = tracker.expected_speed(k, c, self.cost.v, overhead, optimism)
-            if speed > best[1]:
-                best = (k, speed)
-        return best
+        k_max = min(limit, self.max_draft)
+        if k_max < 1:
+            return 0, 1.0
+        v = [0.0] + [self.cost.v(n) for n in range(1, k_max + 2)]
+        speeds = tracker.expected_speeds(k_max, c, v.__getitem__, overhead, optimism)
+        k = int(np.argmax(speeds)) + 1
+        return (k, speeds[k - 1]) if speeds[k - 1] > 1.0 else (0, 1.0)
 
     def _plan(self, key: str, drafter: str, limit: int, cost_name: str, behind: int = 0) -> Plan:
         k, speed = self.best_k(key, limit, cost_name, behind=behind)
@@ -307,16 +328,6 @@ class AdaptivePolicy:
         self.tracker(name).update(drafted, accepted, stopped)
         if name.startswith("lookup:"):
             self.tracker("lookup").update(drafted, accepted)
-
-
-# Starting guesses of α. Prompt lookup's depend on the match length: a 2-token
-# match is often a coincidence, an 8-token one usually a copy in progress.
-MODEL_PRIOR = 0.95
-OFFER_WEIGHT = 6.0  # pseudo-observations behind it
-OFFER_PRIOR = 1.0   # how often a draft model is confident enough to draft (lookup: always)
-LOOKUP_PRIORS = {"lookup:2": 0.3, "lookup:3": 0.4, "lookup:4": 0.6, "lookup:8": 0.8}
-LOOKUP_POOLED_PRIOR = 0.5
-LOOKUP_MAX_NGRAM = 8
 
 
 def lookup_key(match_length: int) -> str:
