@@ -305,11 +305,12 @@ class AdaptivePolicy:
         k = int(np.argmax(speeds)) + 1
         return (k, speeds[k - 1]) if speeds[k - 1] > 1.0 else (0, 1.0)
 
-    def _plan(self, key: str, drafter: str, limit: int, cost_name: str, behind: int = 0) -> Plan:
-        k, speed = self.best_k(key, limit, cost_name, behind=behind)
+    def _plan(self, key: str, drafter: str, limit: int, behind: int = 0) -> Plan:
+        """The plan for tracker ``key``, with the costs of ``drafter``."""
+        k, speed = self.best_k(key, limit, drafter, behind=behind)
         if k and speed >= MIN_GAIN:
             return Plan(drafter, k, speed)
-        k, hope = self.best_k(key, limit, cost_name, behind=behind, optimism=self.optimism)
+        k, hope = self.best_k(key, limit, drafter, behind=behind, optimism=self.optimism)
         if k and hope >= PROBE_GAIN:
             return Plan(drafter, k, speed, probe=True)
         self.tracker(key).age()
@@ -317,11 +318,11 @@ class AdaptivePolicy:
 
     def plan_lookup(self, match_length: int, available: int, limit: int) -> Plan:
         """How much of a prompt-lookup proposal to verify (0: not worth it)."""
-        return self._plan(lookup_key(match_length), "lookup", min(available, limit), "lookup")
+        return self._plan(lookup_key(match_length), "lookup", min(available, limit))
 
     def plan_model(self, name: str, limit: int, behind: int = 0) -> Plan:
         """Whether to draft with a draft model ``behind`` tokens out of date, and how far."""
-        return self._plan(name, name, limit, name, behind)
+        return self._plan(name, name, limit, behind)
 
     def observe_round(self, name: str, drafted: int, accepted: int, stopped: bool = False) -> None:
         """Learn from a round (``stopped``: the drafter stopped short of the plan)."""

@@ -63,7 +63,7 @@ class DraftModel:
         self.last_steps = 0 if catch_up else 1
         counted_from = time.perf_counter() if catch_up else start
         self.last_catch_up = evaluated if catch_up else 0
-        self.last_catch_up_seconds = counted_from - start if catch_up else 0.0
+        self.last_catch_up_seconds = counted_from - start  # 0 without a catch-up
         token_ids: list[int] = []
         probs: list[np.ndarray] = []
         for i in range(num_draft):
