@@ -30,7 +30,7 @@ from .drafters.base import Draft, Drafter
 from .drafters.draft_model import DraftModel
 from .drafters.prompt_lookup import PromptLookup
 from .errors import EdgespecError
-from .sampling import SamplingParams, logits_to_probs, make_rng, sample_from
+from .sampling import SamplingParams, logits_to_probs, make_rng, sample_from, top_probability
 from .stats import GenerationStats
 from .verify import greedy_verify, rejection_sample
 
@@ -316,17 +316,20 @@ class Engine:
         if not draft_ids:
             logits = self.target_cache.forward([ctx[-1]])[-1]  # [V]
             self._observe_target(1, time.perf_counter() - t0)
-            if out_of_vocab and draft.probs is not None and not run.params.greedy:
+            probs = None if run.params.greedy else logits_to_probs(logits, run.params)
+            if out_of_vocab and draft.probs is not None and probs is not None:
                 # The first draft was out of vocabulary: a rejection at position 0.
-                token = self._resample_rejected(logits_to_probs(logits, run.params), draft.probs[0], run)
+                token = self._resample_rejected(probs, draft.probs[0], run)
             else:
-                token = self._sample(logits, run)
+                token = int(np.argmax(logits)) if probs is None else sample_from(probs, run.rng)
+            self._observe_confidence(logits[None], None if probs is None else probs[None], run)
             stats.plain_steps += 1
             stats.plain_time_s += time.perf_counter() - t0
             return [(token, False)]
 
         logits = self.target_cache.forward([ctx[-1], *draft_ids])  # [k+1, V]
         self._observe_target(len(draft_ids) + 1, time.perf_counter() - t0)
+        target_probs = None
         if run.params.greedy:
             new = greedy_verify(np.argmax(logits, axis=-1), draft_ids)
         else:
@@ -339,6 +342,7 @@ class Engine:
                 new[-1] = self._resample_rejected(target_probs[len(draft_ids)],
                                                   draft.probs[len(draft_ids)], run)
         num_accepted = len(new) - 1
+        self._observe_confidence(logits[:len(new)], None if target_probs is None else target_probs[:len(new)], run)
         stats.record_round(len(draft_ids), num_accepted, drafter.name)
         drafter.accepted(num_accepted)
         if self.policy is not None:
@@ -387,6 +391,16 @@ class Engine:
         run.stats.draft_time_s += time.perf_counter() - start
         return draft
 
+    def _observe_confidence(self, logits: np.ndarray, probs: np.ndarray | None, run: _Run) -> None:
+        """Tell the policy whether the target was confident about each committed token
+        (rows of its logits, or of its probabilities when sampling), by the draft
+        model's stop threshold (without one, every token counts: it always drafts)."""
+        model = self.draft_model
+        if self.policy is None or model is None:
+            return
+        top = top_probability(logits) if probs is None else probs.max(-1)
+        self.policy.observe_confidence(top >= model.min_confidence)
+
     def _observe_target(self, n: int, seconds: float) -> None:
         if self.policy is not None:
             self.policy.cost.observe_target(n, seconds)
@@ -398,11 +412,6 @@ class Engine:
         residual = np.maximum(target_probs - q, 0.0)
         return sample_from(residual if residual.sum() > 0 else target_probs, run.rng)
 
-    @staticmethod
-    def _sample(logits: np.ndarray, run: _Run) -> int:
-        if run.params.greedy:
-            return int(np.argmax(logits))
-        return sample_from(logits_to_probs(logits, run.params), run.rng)
 
 
 def _fit_vocab(draft_probs: np.ndarray, vocab_size: int) -> np.ndarray:

@@ -91,6 +91,12 @@ def logits_to_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     return probs / probs.sum()
 
 
+def top_probability(logits: np.ndarray) -> np.ndarray:
+    """The largest softmax probability of each row of ``logits [..., V]`` (at
+    temperature 0, the confidence a draft model's stop threshold is tested on)."""
+    return 1.0 / np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)
+
+
 def _top_p(probs: np.ndarray, top_p: float) -> np.ndarray:
     """Zero all tokens outside the smallest set whose mass reaches ``top_p``."""
     total = probs.sum()

@@ -5,7 +5,8 @@ slow to compare many policy settings. This script records, per prompt, the
 target's plain output (greedy, or sampled at T > 0) and, teacher-forced along
 it, what the drafters would have done: the draft model's per-position
 acceptance probability (greedy: argmax match; sampled: sum(min(p, q))) and
-its top probability (for the confidence stop). ``simulate`` then replays the
+its top probability (for the confidence stop), and the target's top probability
+(auto mode's prior for that stop). ``simulate`` then replays the
 real :class:`~edgespec.adaptive.AdaptivePolicy` and prompt lookup on those
 traces, charging each round with the machine's measured costs (v(n), c and
 the drafter's catch-up), and prints speedups for auto mode and fixed settings.
@@ -30,7 +31,7 @@ import numpy as np
 
 import edgespec.adaptive as adaptive
 from edgespec.drafters import PromptLookup
-from edgespec.sampling import SamplingParams, logits_to_probs
+from edgespec.sampling import SamplingParams, logits_to_probs, top_probability
 
 MODEL = "model"
 
@@ -71,13 +72,13 @@ def record(args) -> None:
                 q_logits = teacher_forced(draft, ids, out)
                 if temperature == 0:
                     accept = (q_logits.argmax(-1) == np.array(out)).astype(float)
-                    shifted = np.exp(q_logits - q_logits.max(-1, keepdims=True))
-                    top = 1.0 / shifted.sum(-1)
+                    top, target_top = top_probability(q_logits), top_probability(p_logits)
                 else:
                     p, q = logits_to_probs(p_logits, params), logits_to_probs(q_logits, params)
-                    accept, top = np.minimum(p, q).sum(-1), q.max(-1)
+                    accept, top, target_top = np.minimum(p, q).sum(-1), q.max(-1), p.max(-1)
                 traces.append({"temp": temperature, "set": set_name, "index": index, "prompt": ids,
-                               "out": out, "accept": accept.tolist(), "top": top.tolist()})
+                               "out": out, "accept": accept.tolist(), "top": top.tolist(),
+                               "target_top": target_top.tolist()})
                 print(f"T={temperature:g} {set_name} #{index}: {len(out)} tokens, "
                       f"mean drafter acceptance {accept.mean():.2f}", flush=True)
     with open(args.out, "w") as f:
@@ -88,6 +89,7 @@ def replay(trace: dict, cost: adaptive.CostModel, *, policy=None, drafter=None, 
            p_min=0.0, rng=None) -> float:
     """Speedup over plain decoding of one trace: auto (``policy``) or a fixed drafter and k."""
     out, prompt, accept, top = trace["out"], trace["prompt"], trace["accept"], trace["top"]
+    target_top = trace.get("target_top", [1.0] * len(out))
     greedy, n = trace["temp"] == 0, len(out)
     lookup = PromptLookup(max_ngram=adaptive.LOOKUP_MAX_NGRAM if policy else 4)
     params = SamplingParams(temperature=trace["temp"])
@@ -109,6 +111,8 @@ def replay(trace: dict, cost: adaptive.CostModel, *, policy=None, drafter=None, 
             if planned:
                 kind, key = MODEL, MODEL
         if kind is None:
+            if policy:
+                policy.observe_confidence([target_top[t] >= p_min])
             spent, t = spent + 1, t + 1
             continue
         if kind == "lookup":
@@ -131,6 +135,7 @@ def replay(trace: dict, cost: adaptive.CostModel, *, policy=None, drafter=None, 
             spent += (drafted + stopped) * cost.c(MODEL) + cost.v(drafted + 1)
         if policy:
             policy.observe_round(key, drafted, accepted, stopped)
+            policy.observe_confidence([p >= p_min for p in target_top[t:t + accepted + 1]])
         t += accepted + 1
         if kind == MODEL:
             synced = t - 1

@@ -17,6 +17,19 @@ def costs(*, batch_grows: float, drafter: float, name: str = "toy-draft") -> Cos
                      {name: drafter, "lookup": 0.0})
 
 
+class FixedCosts(CostModel):
+    """Costs that stay as given: a toy backend's timings are noise, not costs."""
+
+    def observe_target(self, n: int, seconds: float) -> None:
+        pass
+
+    def observe_drafter(self, name: str, tokens: int, seconds: float) -> None:
+        pass
+
+    def observe_sync(self, name: str, tokens: int, seconds: float) -> None:
+        pass
+
+
 def test_expected_tokens_follow_the_acceptance_rates():
     tracker = AcceptanceTracker(prior=0.5)
     assert tracker.expected_tokens(0) == 1.0
@@ -148,9 +161,11 @@ class CountingDraftModel(DraftModel):
 
 
 def test_auto_stops_asking_a_drafter_that_is_never_confident():
-    target = ToyBackend.random(12, seed=5, scale=0.2)  # flat: the drafter is never sure
-    draft = CountingDraftModel(target.perturbed(noise=0.0, seed=6), min_confidence=0.5)
-    policy = AdaptivePolicy(costs(batch_grows=0.3, drafter=0.5))
+    target = ToyBackend.random(12, seed=5, scale=20.0)  # peaked: the target is sure
+    unsure = ToyBackend.random(12, seed=6, scale=0.2, name="toy-draft")  # flat: never sure
+    draft = CountingDraftModel(unsure, min_confidence=0.5)
+    fixed = costs(batch_grows=0.3, drafter=0.3)
+    policy = AdaptivePolicy(FixedCosts(fixed.target_s, fixed.drafter_s))
     engine = Engine(target, draft, num_draft="auto", policy=policy)
     prompt = [0, 1, 2, 3]
     auto = engine.generate(prompt, GREEDY, max_tokens=100)
@@ -160,3 +175,26 @@ def test_auto_stops_asking_a_drafter_that_is_never_confident():
     assert 1 <= draft.calls <= 20  # tried, found unsure, then asked only now and then
     offer = policy.tracker("toy-draft").offer
     assert offer.trials[0] > 0 and offer.hits[0] == 0  # every try was a stop, and was counted
+
+
+def test_the_targets_own_confidence_is_the_prior_of_the_draft_models_offers():
+    sure = AdaptivePolicy(costs(batch_grows=0.3, drafter=0.3))
+    unsure = AdaptivePolicy(costs(batch_grows=0.3, drafter=0.3))
+    sure.observe_confidence([True] * 30)
+    unsure.observe_confidence([False] * 30)
+    assert sure.plan_model("toy-draft", limit=8).num_draft >= 2
+    assert unsure.plan_model("toy-draft", limit=8).num_draft == 0
+
+
+def test_auto_does_not_ask_a_draft_model_where_the_target_is_unsure_too():
+    target = ToyBackend.random(12, seed=5, scale=0.2)  # flat: the target is never sure
+    draft = CountingDraftModel(target.perturbed(noise=0.0, seed=6), min_confidence=0.5)
+    fixed = costs(batch_grows=0.3, drafter=0.3)
+    policy = AdaptivePolicy(FixedCosts(fixed.target_s, fixed.drafter_s))
+    engine = Engine(target, draft, num_draft="auto", policy=policy)
+    prompt = [0, 1, 2, 3]
+    auto = engine.generate(prompt, GREEDY, max_tokens=100)
+    assert auto.token_ids == engine.generate(prompt, GREEDY, max_tokens=100,
+                                             speculative=False).token_ids
+    assert draft.calls == 0  # the target's own confidence said the drafter would stop
+    assert policy.confidence.estimates(1)[0] < 0.1

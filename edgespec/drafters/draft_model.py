@@ -9,13 +9,8 @@ import numpy as np
 
 from ..backends.base import Backend
 from ..cache import CachedModel, common_prefix_length
-from ..sampling import SamplingParams, logits_to_probs, sample_from
+from ..sampling import SamplingParams, logits_to_probs, sample_from, top_probability
 from .base import Draft
-
-
-def _top_probability(logits: np.ndarray) -> float:
-    """The largest softmax probability (the confidence test at temperature 0)."""
-    return float(1.0 / np.exp(logits - logits.max()).sum())
 
 
 class DraftModel:
@@ -68,7 +63,7 @@ class DraftModel:
         probs: list[np.ndarray] = []
         for i in range(num_draft):
             if params.greedy:
-                if self.min_confidence and _top_probability(logits) < self.min_confidence:
+                if self.min_confidence and top_probability(logits) < self.min_confidence:
                     break
                 token = int(np.argmax(logits))
             else:
