@@ -342,7 +342,9 @@ class Engine:
                 new[-1] = self._resample_rejected(target_probs[len(draft_ids)],
                                                   draft.probs[len(draft_ids)], run)
         num_accepted = len(new) - 1
-        self._observe_confidence(logits[:len(new)], None if target_probs is None else target_probs[:len(new)], run)
+        committed = slice(0, len(new))  # the target's rows for the tokens this round commits
+        self._observe_confidence(logits[committed],
+                                 None if target_probs is None else target_probs[committed], run)
         stats.record_round(len(draft_ids), num_accepted, drafter.name)
         drafter.accepted(num_accepted)
         if self.policy is not None:
