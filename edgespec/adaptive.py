@@ -109,6 +109,10 @@ class CostModel:
             return self.c(name) / 4  # a batched token costs a fraction of a step
         return self.sync_s[name] / self.target_s[1]
 
+    def copy(self) -> "CostModel":
+        """An independent copy (a policy updates its costs as it runs)."""
+        return CostModel(dict(self.target_s), dict(self.drafter_s), dict(self.sync_s))
+
     def to_dict(self) -> dict:
         return {"target_s": {str(k): v for k, v in self.target_s.items()},
                 "drafter_s": dict(self.drafter_s), "sync_s": dict(self.sync_s)}

@@ -171,13 +171,13 @@ def run_bench(config: BenchConfig, options: BackendOptions, *, progress=None, lo
 
 def _run_one(engine: Engine, mode: str, drafter, k: int, cost, ids, params, config):
     """One speculative generation: a fixed drafter and k, or auto mode."""
-    from .adaptive import AUTO_DRAFT_P_MIN, AdaptivePolicy, CostModel
+    from .adaptive import AUTO_DRAFT_P_MIN, AdaptivePolicy
     model = drafter if isinstance(drafter, DraftModel) else None
     if model is not None:
         model.min_confidence = AUTO_DRAFT_P_MIN if mode == "auto" else 0.0
     if mode == "auto":
         # A fresh policy per prompt, starting from this machine's measured costs.
-        policy = AdaptivePolicy(CostModel(dict(cost.target_s), dict(cost.drafter_s), dict(cost.sync_s)))
+        policy = AdaptivePolicy(cost.copy())
         engine.configure(model, "auto", policy)
     else:
         engine.configure(drafter, k)

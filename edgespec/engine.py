@@ -415,7 +415,6 @@ class Engine:
         return sample_from(residual if residual.sum() > 0 else target_probs, run.rng)
 
 
-
 def _fit_vocab(draft_probs: np.ndarray, vocab_size: int) -> np.ndarray:
     """q over the target's vocabulary: ids the target lacks have p = 0, so
     dropping their columns leaves max(p - q, 0) unchanged; missing ids get q = 0."""

@@ -161,7 +161,7 @@ def simulate(args) -> None:
                 repeats = 1 if trace["temp"] == 0 else args.repeats
                 speeds.append(statistics.mean(
                     replay(trace, cost, rng=np.random.default_rng(seed),
-                           policy=adaptive.AdaptivePolicy(adaptive.CostModel.from_dict(cost.to_dict()))
+                           policy=adaptive.AdaptivePolicy(cost.copy())
                            if setting.get("auto") else None,
                            drafter=setting.get("drafter"), k=setting.get("k", 0),
                            p_min=adaptive.AUTO_DRAFT_P_MIN if setting.get("auto") else 0.0)

@@ -11,12 +11,6 @@ from exactness import SIGNIFICANCE, chi_square_pvalue, exact_distribution, sampl
 GREEDY = SamplingParams(temperature=0)
 
 
-def costs(*, batch_grows: float, drafter: float, name: str = "toy-draft") -> CostModel:
-    """v(n) = 1 + batch_grows * (n - 1); drafter step = ``drafter`` target steps."""
-    return CostModel({n: 1.0 + batch_grows * (n - 1) for n in (1, 2, 4, 8, 9)},
-                     {name: drafter, "lookup": 0.0})
-
-
 class FixedCosts(CostModel):
     """Costs that stay as given: a toy backend's timings are noise, not costs."""
 
@@ -28,6 +22,13 @@ class FixedCosts(CostModel):
 
     def observe_sync(self, name: str, tokens: int, seconds: float) -> None:
         pass
+
+
+def costs(*, batch_grows: float, drafter: float, name: str = "toy-draft",
+          model: type[CostModel] = CostModel) -> CostModel:
+    """v(n) = 1 + batch_grows * (n - 1); drafter step = ``drafter`` target steps."""
+    return model({n: 1.0 + batch_grows * (n - 1) for n in (1, 2, 4, 8, 9)},
+                 {name: drafter, "lookup": 0.0})
 
 
 def test_expected_tokens_follow_the_acceptance_rates():
@@ -160,17 +161,22 @@ class CountingDraftModel(DraftModel):
         return super().propose(*args, **kwargs)
 
 
-def test_auto_stops_asking_a_drafter_that_is_never_confident():
-    target = ToyBackend.random(12, seed=5, scale=20.0)  # peaked: the target is sure
-    unsure = ToyBackend.random(12, seed=6, scale=0.2, name="toy-draft")  # flat: never sure
-    draft = CountingDraftModel(unsure, min_confidence=0.5)
-    fixed = costs(batch_grows=0.3, drafter=0.3)
-    policy = AdaptivePolicy(FixedCosts(fixed.target_s, fixed.drafter_s))
+def generate_auto_and_plain(target: ToyBackend, draft: DraftModel):
+    """100 greedy tokens in auto mode (costs fixed), checked equal to plain decoding."""
+    policy = AdaptivePolicy(costs(batch_grows=0.3, drafter=0.3, model=FixedCosts))
     engine = Engine(target, draft, num_draft="auto", policy=policy)
     prompt = [0, 1, 2, 3]
     auto = engine.generate(prompt, GREEDY, max_tokens=100)
     assert auto.token_ids == engine.generate(prompt, GREEDY, max_tokens=100,
                                              speculative=False).token_ids
+    return auto, policy
+
+
+def test_auto_stops_asking_a_drafter_that_is_never_confident():
+    target = ToyBackend.random(12, seed=5, scale=20.0)  # peaked: the target is sure
+    unsure = ToyBackend.random(12, seed=6, scale=0.2, name="toy-draft")  # flat: never sure
+    draft = CountingDraftModel(unsure, min_confidence=0.5)
+    auto, policy = generate_auto_and_plain(target, draft)
     assert auto.stats.rounds_per_drafter.get("toy-draft", 0) == 0
     assert 1 <= draft.calls <= 20  # tried, found unsure, then asked only now and then
     offer = policy.tracker("toy-draft").offer
@@ -189,12 +195,6 @@ def test_the_targets_own_confidence_is_the_prior_of_the_draft_models_offers():
 def test_auto_does_not_ask_a_draft_model_where_the_target_is_unsure_too():
     target = ToyBackend.random(12, seed=5, scale=0.2)  # flat: the target is never sure
     draft = CountingDraftModel(target.perturbed(noise=0.0, seed=6), min_confidence=0.5)
-    fixed = costs(batch_grows=0.3, drafter=0.3)
-    policy = AdaptivePolicy(FixedCosts(fixed.target_s, fixed.drafter_s))
-    engine = Engine(target, draft, num_draft="auto", policy=policy)
-    prompt = [0, 1, 2, 3]
-    auto = engine.generate(prompt, GREEDY, max_tokens=100)
-    assert auto.token_ids == engine.generate(prompt, GREEDY, max_tokens=100,
-                                             speculative=False).token_ids
+    _, policy = generate_auto_and_plain(target, draft)
     assert draft.calls == 0  # the target's own confidence said the drafter would stop
     assert policy.confidence.estimates(1)[0] < 0.1
