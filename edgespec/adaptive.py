@@ -20,8 +20,7 @@ content. Decisions add a little optimism (a fraction of a standard error), so
 a drafter that may pay is tried until the evidence says otherwise; evidence
 ages while a drafter is not tried, so a losing one is tried again now and
 then and a change of content is noticed. A draft model that fell behind
-during plain steps must catch up before drafting; that cost counts too,
-spread over the rounds a catch-up has been paying for.
+during plain steps must catch up before drafting; that cost counts too.
 
 Choosing the proposal from past rounds only (never from the target's output
 for the round being verified) keeps the acceptance rule exact.
@@ -65,8 +64,6 @@ LOOKUP_POOLED_PRIOR = 0.5  # all match lengths together
 LOOKUP_MAX_NGRAM = 8
 CALIBRATION_SIZES = (1, 2, 3, 5, 9)
 SYNC_SIZE = 16            # tokens of the drafter's batched catch-up timed at calibration
-ROUNDS_PER_CATCH_UP = 3.0  # prior: draft-model rounds that one catch-up pays for
-CATCH_UP_WEIGHT = 2.0      # pseudo-observations behind it
 
 
 @dataclass
@@ -299,8 +296,6 @@ class AdaptivePolicy:
         # that rate's prior: in text the target finds hard, a draft model is not asked
         # over and over to learn that it is unsure too.
         self.confidence = _Rates(CONFIDENCE_PRIOR, CONFIDENCE_WEIGHT)
-        # Per draft model: decayed counts of its rounds and of the catch-ups among them.
-        self._asks: dict[str, list[float]] = {}
 
     def tracker(self, name: str) -> AcceptanceTracker:
         if name not in self.trackers:
@@ -323,8 +318,7 @@ class AdaptivePolicy:
         cost_name = cost_name or name
         tracker, c = self.tracker(name), self.cost.c(cost_name)
         # A draft model that sat out plain steps first catches up on them (batched).
-        overhead = behind * self.cost.sync(cost_name) / self.rounds_per_catch_up(name) \
-            if behind > 2 else 0.0
+        overhead = behind * self.cost.sync(cost_name) if behind > 2 else 0.0
         k_max = min(limit, self.max_draft)
         if k_max < 1:
             return 0, 1.0
@@ -350,24 +344,7 @@ class AdaptivePolicy:
 
     def plan_model(self, name: str, limit: int, behind: int = 0) -> Plan:
         """Whether to draft with a draft model ``behind`` tokens out of date, and how far."""
-        plan = self._plan(name, name, limit, behind)
-        if plan.num_draft:
-            asks = self._asks.setdefault(name, [0.0, 0.0])
-            asks[0] = DECAY * asks[0] + 1.0
-            asks[1] = DECAY * asks[1] + (1.0 if behind > 2 else 0.0)
-        return plan
-
-    def rounds_per_catch_up(self, name: str) -> float:
-        """How many rounds a draft model drafts, on average, per catch-up it needs.
-
-        A catch-up is paid once for the run of rounds that follows it: in code
-        the model, once caught up, drafts round after round; in an edit prompt
-        lookup takes over again after a round or two. Charging every catch-up
-        in full to one round would keep a model that fell behind out for good,
-        since the longer it sits out, the more it has to catch up.
-        """
-        asks, catch_ups = self._asks.get(name, (0.0, 0.0))
-        return max(1.0, (asks + CATCH_UP_WEIGHT * ROUNDS_PER_CATCH_UP) / (catch_ups + CATCH_UP_WEIGHT))
+        return self._plan(name, name, limit, behind)
 
     def observe_confidence(self, confident: Sequence[bool]) -> None:
         """Learn whether the target was confident about each token it committed."""

@@ -95,27 +95,6 @@ def test_catching_up_a_stale_drafter_counts_against_it():
     assert stale < fresh
 
 
-def test_a_catch_up_is_charged_over_the_rounds_it_pays_for():
-    def trained(rounds_per_catch_up: int) -> AdaptivePolicy:
-        policy = AdaptivePolicy(costs(batch_grows=0.3, drafter=0.3))
-        policy.observe_confidence([True] * 20)  # the target is sure: the model will draft
-        for round_ in range(60):  # the model drafts well; every n-th round follows a catch-up
-            behind = 8 if round_ % rounds_per_catch_up == 0 else 1
-            assert policy.plan_model("toy-draft", limit=4, behind=behind).num_draft
-            policy.observe_round("toy-draft", drafted=2, accepted=2)
-        return policy
-
-    long_runs, short_runs = trained(10), trained(1)
-    assert long_runs.rounds_per_catch_up("toy-draft") > 5
-    assert short_runs.rounds_per_catch_up("toy-draft") < 1.5
-    # Behind by 40 tokens: worth catching up when the model then drafts round after
-    # round, not when each catch-up buys a single round.
-    assert long_runs.best_k("toy-draft", 4, behind=40)[1] > \
-        short_runs.best_k("toy-draft", 4, behind=40)[1]
-    assert long_runs.plan_model("toy-draft", limit=4, behind=40).num_draft
-    assert not short_runs.plan_model("toy-draft", limit=4, behind=40).num_draft
-
-
 @pytest.mark.parametrize("batch_grows, drafter_cost", [(0.05, 0.1), (1.0, 0.9)],
                          ids=["speculation-pays", "speculation-loses"])
 def test_auto_greedy_equals_plain(batch_grows, drafter_cost):
