@@ -51,7 +51,7 @@ AGING = 0.99              # evidence kept per round in which a drafter was not t
 OPTIMISM = 0.35           # standard errors added to α when deciding (explores the unsure)
 MIN_GAIN = 1.04           # speculate only when it is expected to beat plain by this much
 PROBE_GAIN = 1.04         # ... or, as a probe, when it might (with optimism)
-AUTO_DRAFT_P_MIN = 0.8    # auto mode: a draft model stops below this top probability
+AUTO_DRAFT_P_MIN = 0.7    # auto mode: a draft model stops below this top probability
 # Starting guesses of α. Prompt lookup's depend on the match length: a 2-token
 # match is often a coincidence, an 8-token one usually a copy in progress.
 MODEL_PRIOR = 0.95

@@ -22,7 +22,7 @@ def load(model: str, draft: str | None = None, backend: str = "auto", *,
     lookup. ``num_draft="auto"`` (the default) lets the engine pick prompt
     lookup, the draft model or plain decoding each round from measured costs
     and acceptance; an integer fixes k. ``draft_p_min``: the draft model stops
-    drafting below this top probability (default 0.8 in auto mode, else 0).
+    drafting below this top probability (default 0.7 in auto mode, else 0).
     Known models that are missing are fetched when ``fetch`` is true.
     Raises :class:`~edgespec.errors.EdgespecError` with a readable reason on
     bad input (missing file, incompatible drafter, ...).
