@@ -1,4 +1,10 @@
-"""Built-in benchmark prompt sets (code, edit, chat) and prompt files."""
+"""Built-in benchmark prompt sets and prompt files.
+
+``code``, ``edit`` and ``chat`` are the tuning sets: auto mode's constants were
+chosen on them. ``code-val``, ``edit-val`` and ``chat-val`` are a validation
+split (other tasks, other wording) written before the auto-mode rebuild was
+tuned and never tuned on: quote them separately.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +14,9 @@ from pathlib import Path
 
 from .errors import EdgespecError
 
-BUILTIN_SETS = ("code", "edit", "chat")
+TUNING_SETS = ("code", "edit", "chat")
+VALIDATION_SETS = ("code-val", "edit-val", "chat-val")
+BUILTIN_SETS = TUNING_SETS + VALIDATION_SETS
 
 
 def load_prompt_set(name_or_file: str) -> list[str]:
