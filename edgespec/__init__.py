@@ -7,12 +7,15 @@ from .errors import EdgespecError
 from .sampling import SamplingParams, logits_to_probs
 from .session import ChatSession
 from .stats import GenerationStats
-from .verify import greedy_verify, rejection_sample
+from .planner import FixedPlanner, Planner, Proposal, RoundResult
+from .policy import AdaptivePlanner, PolicyConfig
+from .verify import Verdict, greedy_verify, rejection_sample
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "ChatSession", "Chunk", "Draft", "Drafter", "DraftModel", "EdgespecError", "Engine", "Generation",
-    "GenerationStats", "PromptLookup", "SamplingParams", "greedy_verify", "logits_to_probs",
-    "load", "rejection_sample",
+    "AdaptivePlanner", "ChatSession", "Chunk", "Draft", "Drafter", "DraftModel", "EdgespecError", "Engine", "FixedPlanner",
+    "Generation", "GenerationStats", "Planner", "PolicyConfig", "PromptLookup", "Proposal",
+    "RoundResult", "SamplingParams", "Verdict", "greedy_verify", "logits_to_probs", "load",
+    "rejection_sample",
 ]

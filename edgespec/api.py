@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .adaptive import AUTO_DRAFT_P_MIN
 from .drafters import DraftModel
 from .engine import Engine
-from .loading import BackendOptions, load_backend, load_drafter
+from .loading import BackendOptions, auto_planner, load_backend, load_drafter
+from .policy import PolicyConfig
 
 
 def load(model: str, draft: str | None = None, backend: str = "auto", *,
@@ -33,10 +33,12 @@ def load(model: str, draft: str | None = None, backend: str = "auto", *,
     target = load_backend(model, options)
     try:
         drafter = load_drafter(draft, replace(options, backend=draft_backend or backend))
-        if isinstance(drafter, DraftModel):
-            drafter.min_confidence = draft_p_min if draft_p_min is not None else \
-                (AUTO_DRAFT_P_MIN if num_draft == "auto" else 0.0)
-        return Engine(target, drafter, num_draft=num_draft)
+        if num_draft != "auto":
+            if isinstance(drafter, DraftModel) and draft_p_min is not None:
+                drafter.min_confidence = draft_p_min
+            return Engine(target, drafter, num_draft=num_draft)
+        config = PolicyConfig(**({} if draft_p_min is None else {"draft_p_min": draft_p_min}))
+        return Engine(target, drafter, num_draft="auto", planner=auto_planner(target, drafter, config))
     except BaseException:
         target.close()
         raise

@@ -12,18 +12,18 @@ import csv
 import json
 import platform
 import statistics
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .adaptive import calibrate
+from .costs import CostModel, calibrate
 from .drafters import DraftModel, PromptLookup
 from .engine import Engine
 from .errors import EdgespecError
 from .loading import BackendOptions, load_backend, pick_backend
-from .models import edgespec_home, resolve_model
+from .models import resolve_model
 from .prompt_sets import load_prompt_set
 from .prompting import chat_prompt_ids
+from .policy import AdaptivePlanner, PolicyConfig, auto_drafters
 from .sampling import SamplingParams
 
 SCHEMA_VERSION = 1
@@ -115,6 +115,7 @@ def run_bench(config: BenchConfig, options: BackendOptions, *, progress=None, lo
     models = [(name, d.backend) for name, d in drafters.items() if isinstance(d, DraftModel)]
     log("measuring the target's batch cost v(n) and each drafter's step cost c ...")
     cost = calibrate(target, models, sizes=sorted({1, 2, 3, 5, 9} | {k + 1 for k in config.num_draft}))
+    prior = cost.as_prior()
     engine = Engine(target, None, num_draft=max(config.num_draft))
     model_drafters = [d for d in drafters.values() if isinstance(d, DraftModel)]
     fixed = [(name, k) for name in drafters for k in config.num_draft]
@@ -142,7 +143,7 @@ def run_bench(config: BenchConfig, options: BackendOptions, *, progress=None, lo
                     if config.auto:
                         plans.append(("auto", auto_drafter.name if auto_drafter else "lookup", 0))
                     for mode, name, k in plans:
-                        g = _run_one(engine, mode, drafters.get(name), k, cost, ids, params, config)
+                        g = _run_one(engine, mode, drafters.get(name), k, prior, ids, params, config)
                         record = _record(mode, g.stats.drafter, k, temperature, set_name, index,
                                          repeat, g, base)
                         runs.append(record)
@@ -155,31 +156,34 @@ def run_bench(config: BenchConfig, options: BackendOptions, *, progress=None, lo
                     "processor": platform.processor(), "python": platform.python_version()},
         "target": config.target,
         "config": asdict(config),
-        "costs": {"v": {str(n): cost.v(n) for n in sorted(cost.target_s)},
-                  "c": {name: cost.c(name) for name, _ in models},
-                  "target_step_seconds": cost.target_s.get(1)},
+        "costs": {"v": prior["v"], "c": {name: cost.c(name) for name, _ in models},
+                  "target_step_seconds": cost.step_seconds},
         "drafter_memory_bytes": memory,
         "runs": [asdict(r) for r in runs],
     }
     result["summary"] = summarize(runs, memory)
     result["recommendation"] = recommend(result["summary"])
+    engine.configure(None, 1)  # the engine closes the target; each drafter is closed once below
     engine.close()
     for d in model_drafters:
         d.backend.close()
     return result
 
 
-def _run_one(engine: Engine, mode: str, drafter, k: int, cost, ids, params, config):
+def _run_one(engine: Engine, mode: str, drafter, k: int, prior: dict, ids, params, config):
     """One speculative generation: a fixed drafter and k, or auto mode."""
-    from .adaptive import AUTO_DRAFT_P_MIN, AdaptivePolicy
-    model = drafter if isinstance(drafter, DraftModel) else None
-    if model is not None:
-        model.min_confidence = AUTO_DRAFT_P_MIN if mode == "auto" else 0.0
     if mode == "auto":
-        # A fresh policy per prompt, starting from this machine's measured costs.
-        policy = AdaptivePolicy(cost.copy())
-        engine.configure(model, "auto", policy)
+        # A fresh planner per prompt (a new process's first generation), starting
+        # from the costs measured at the start of the sweep.
+        policy = PolicyConfig()
+        if isinstance(drafter, DraftModel):
+            drafter.min_confidence = policy.draft_p_min
+        planner = AdaptivePlanner(auto_drafters(drafter, PromptLookup(max_ngram=8)),
+                                  CostModel(prior), policy)
+        engine.configure(drafter, "auto", planner)
     else:
+        if isinstance(drafter, DraftModel):
+            drafter.min_confidence = 0.0
         engine.configure(drafter, k)
     return engine.generate(ids, params, max_tokens=config.max_tokens)
 
@@ -294,30 +298,3 @@ def write_plot(result: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def save_profile(result: dict, options: BackendOptions) -> Path | None:
-    """Store the recommended pairing for this target, for ``chat`` and ``generate``."""
-    rec = result["recommendation"]
-    if rec["mode"] == "plain":
-        return None
-    path = profile_path(result["target"])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"target": result["target"], "draft": rec["drafter"],
-                                "num_draft": rec["num_draft"], "speedup": rec["speedup"],
-                                "measured": time.strftime("%Y-%m-%d %H:%M")}, indent=1))
-    return path
-
-
-def profile_path(target: str) -> Path:
-    """Where the saved pairing of a target lives."""
-    key = Path(target).name.replace("/", "_")
-    return edgespec_home() / "profiles" / f"{key}.json"
-
-
-def load_profile(target: str) -> dict | None:
-    """The saved pairing of ``target``, if ``edgespec bench --save-profile`` stored one."""
-    try:
-        return json.loads(profile_path(target).read_text())
-    except (OSError, ValueError):
-        return None

@@ -78,7 +78,7 @@ def sampling_params(args):
 def build_engine(args, *, fetch: bool = False):
     """Load target and drafter as the arguments say and return an Engine."""
     from .api import load
-    from .bench import load_profile
+    from .costs import load_profile
 
     o = backend_options(args)
     if args.draft is None and not args.no_spec:
@@ -176,7 +176,8 @@ def cmd_quantize(args) -> int:
 def cmd_bench(args) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from .bench import BenchConfig, run_bench, save_profile, write_csv, write_json, write_plot
+    from .bench import BenchConfig, run_bench, write_csv, write_json, write_plot
+    from .costs import save_profile
     from .bench_report import print_report
     from .models import stderr_console
 
@@ -210,7 +211,7 @@ def cmd_bench(args) -> int:
             write(result, path)
             print(f"wrote {path}")
     if args.save_profile:
-        saved = save_profile(result, options)
+        saved = save_profile(result["target"], result["recommendation"])
         print(f"saved profile: {saved}" if saved else "no profile saved: plain decoding won")
     return 0
 

@@ -8,8 +8,15 @@ loop with no drafts, so benchmarks compare like with like.
 
 Cache invariant between rounds: the target's cache holds the committed
 context minus its last token (the "pending" token, evaluated together with the
-next drafts). The prefill stops one token short for the same reason. The engine restores it in ``finally`` blocks, so an abandoned or
-cancelled generation leaves both caches consistent.
+next drafts). The prefill stops one token short for the same reason. The
+engine restores it in ``finally`` blocks, so an abandoned or cancelled
+generation leaves both caches consistent.
+
+Which drafter drafts and how far is the planner's business
+(:mod:`edgespec.planner`): a fixed drafter and k, or auto mode
+(:class:`~edgespec.policy.AdaptivePlanner`). The engine times each proposal
+and each target pass and tells the planner what happened; it never asks what
+kind of drafter it holds. A plain step is a round with an empty draft.
 """
 
 from __future__ import annotations
@@ -17,22 +24,21 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
 from .backends.base import Backend
 from .cache import CachedModel, common_prefix_length
 from .detokenize import IncrementalDetokenizer, StopMatcher
-from .adaptive import LOOKUP_MAX_NGRAM, MAX_DRAFT, AdaptivePolicy, lookup_key
-from .compat import check_compatible
 from .drafters.base import Draft, Drafter
-from .drafters.draft_model import DraftModel
 from .drafters.prompt_lookup import PromptLookup
 from .errors import EdgespecError
-from .sampling import SamplingParams, logits_to_probs, make_rng, sample_from, top_probability
+from .planner import DraftReport, FixedPlanner, Planner, RoundResult
+from .policy import AdaptivePlanner, auto_drafters
+from .sampling import SamplingParams, logits_to_probs, make_rng, top_probability
 from .stats import GenerationStats
-from .verify import greedy_verify, rejection_sample
+from .verify import Verdict, greedy_verify, rejection_sample, runnable_drafts
 
 
 @dataclass
@@ -78,61 +84,58 @@ class _Run:
 class Engine:
     """Generates text from a target model, optionally with a drafter.
 
-    One generation runs at a time per engine; :meth:`cancel` stops the
-    running one from any thread.
+    ``num_draft`` is k, or ``"auto"`` for auto mode (prompt lookup and the
+    drafter, chosen round by round); ``planner`` replaces either with a
+    planner of your own. One generation runs at a time per engine;
+    :meth:`cancel` stops the running one from any thread.
     """
 
     def __init__(self, target: Backend, drafter: Drafter | None = None, *,
-                 num_draft: int | str = 4, policy: AdaptivePolicy | None = None):
+                 num_draft: int | str = 4, planner: Planner | None = None,
+                 clock: Callable[[], float] = time.perf_counter):
         self.target = target
-        self._lookup: PromptLookup | None = None
-        self.policy: AdaptivePolicy | None = None
-        self.configure(drafter, num_draft, policy)
+        self._clock = clock  # what times passes (tests give toy models a simulated one)
         self.target_cache = CachedModel(target)
         self._busy = threading.Lock()
         self._cancel = threading.Event()
+        self.planner: Planner | None = None
+        self.drafter: Drafter | None = None
+        self.configure(drafter, num_draft, planner)
 
     # -- public API -----------------------------------------------------------------
 
     def configure(self, drafter: Drafter | None, num_draft: int | str,
-                  policy: AdaptivePolicy | None = None) -> None:
-        """Set the drafter and k (an int, or ``"auto"`` for the adaptive policy)."""
+                  planner: Planner | None = None) -> None:
+        """Set the drafter and k (an int, or ``"auto"``), or a planner of your own.
+
+        In auto mode the engine keeps what it learned across generations; it
+        starts afresh only when the drafter or the mode changes.
+        """
         if num_draft != "auto" and not (isinstance(num_draft, int) and num_draft >= 1):
             raise ValueError(f"invalid num_draft={num_draft!r}: must be an integer >= 1 or 'auto'")
+        if drafter is not None:
+            drafter.attach(self.target)
+        if planner is None and num_draft == "auto":
+            if isinstance(self.planner, AdaptivePlanner) and drafter is self.drafter:
+                planner = self.planner  # same drafter, same mode: keep the evidence
+            else:
+                planner = AdaptivePlanner(auto_drafters(drafter, PromptLookup(max_ngram=8)))
+        self.planner = planner or FixedPlanner(drafter, num_draft)
+        self.drafter = drafter
         self.num_draft = num_draft
-        # Auto mode: the policy picks prompt lookup, the draft model or plain decoding
-        # each round; prompt lookup is always on offer, since it costs nothing to ask.
-        self.policy = (policy or self.policy or AdaptivePolicy()) if num_draft == "auto" else None
-        self.set_drafter(drafter)
 
     def set_drafter(self, drafter: Drafter | None) -> None:
         """Use another drafter from the next generation on (checked like the first)."""
-        if isinstance(drafter, DraftModel):
-            check_compatible(self.target, drafter.backend)
-        self.drafter = drafter
-        if self.policy is not None:
-            # Longer n-grams than a fixed lookup uses: they tell a copy in progress
-            # (an 8-token match) from a coincidence (a 2-token one).
-            self._lookup = drafter if isinstance(drafter, PromptLookup) else \
-                (self._lookup or PromptLookup(max_ngram=LOOKUP_MAX_NGRAM))
-
-    @property
-    def draft_model(self) -> DraftModel | None:
-        """The draft model in use, if the drafter is one."""
-        return self.drafter if isinstance(self.drafter, DraftModel) else None
+        self.configure(drafter, self.num_draft)
 
     def active_drafters(self) -> list[Drafter]:
         """Every drafter a generation may consult."""
-        if self.policy is None:
-            return [self.drafter] if self.drafter is not None else []
-        return [self._lookup] + ([self.draft_model] if self.draft_model else [])
+        return list(self.planner.drafters)
 
     @property
     def drafter_name(self) -> str:
         """How stats name the drafting in use."""
-        if self.policy is not None:
-            return "auto(" + "+".join(d.name for d in self.active_drafters()) + ")"
-        return self.drafter.name if self.drafter is not None else "none"
+        return self.planner.name
 
     def tokenize(self, prompt: str | Sequence[int]) -> list[int]:
         """Token ids of a prompt given as text (special tokens parsed) or as ids."""
@@ -166,11 +169,8 @@ class Engine:
         try:
             self._cancel.clear()
             speculative = speculative and bool(self.active_drafters())
-            stats = GenerationStats(
-                drafter=self.drafter_name if speculative else "none",
-                prompt_tokens=len(prompt_ids))
-            if speculative and self.policy is not None:
-                self._ensure_calibrated()
+            stats = GenerationStats(drafter=self.drafter_name if speculative else "none",
+                                    prompt_tokens=len(prompt_ids))
             run = _Run(list(prompt_ids), params, rng or make_rng(params), max_tokens,
                        speculative, stats)
             yield from self._stream_text(run, stop)
@@ -201,17 +201,14 @@ class Engine:
         return chunks if stream else _collect(chunks)
 
     def close(self) -> None:
-        """Free the models (target and draft model); the engine is unusable afterwards.
+        """Free the models (target and drafters); the engine is unusable afterwards.
 
-        In auto mode the costs measured while running replace the cached calibration.
+        In auto mode the costs measured while running become the next run's prior.
         """
-        if self.policy is not None and 1 in self.policy.cost.target_s:
-            from .adaptive import calibration_path, save_calibration
-            draft = self.draft_model.backend if self.draft_model else None
-            save_calibration(self.policy.cost, calibration_path(self.target, draft))
+        self.planner.close()
         self.target.close()
-        if self.draft_model is not None:
-            self.draft_model.backend.close()
+        for drafter in self.active_drafters():
+            drafter.close()
 
     def cancel(self) -> None:
         """Ask the running generation to stop after the token being committed."""
@@ -242,7 +239,7 @@ class Engine:
         """Yield ``(token_id, from_draft)`` for each committed token."""
         stats, ctx = run.stats, run.context
         eos = self.target.vocab.eos_token_ids
-        start = time.perf_counter()
+        start = self._clock()
         decode_start = None
         try:
             # Prefill all but the last prompt token: it is evaluated with the first
@@ -251,7 +248,8 @@ class Engine:
             stats.prompt_eval_tokens = evaluated + 1
             if run.speculative:
                 stats.draft_prompt_eval_tokens = sum(d.prefill(ctx) for d in self.active_drafters())
-            decode_start = time.perf_counter()
+                self.planner.begin(ctx)
+            decode_start = self._clock()
             stats.prefill_time_s = decode_start - start
             while True:
                 pending = self._round(run)
@@ -272,158 +270,71 @@ class Engine:
                         return
         finally:
             if decode_start is not None:
-                stats.decode_time_s = time.perf_counter() - decode_start
+                stats.decode_time_s = self._clock() - decode_start
             self.target_cache.rewind(common_prefix_length(self.target_cache.tokens, ctx))
             if run.speculative:
                 for drafter in self.active_drafters():
                     drafter.rewind(ctx)
 
-    def _ensure_calibrated(self) -> None:
-        """Measure (or load the cached) costs of this pair before the first auto round."""
-        if 1 in self.policy.cost.target_s:
-            return
-        from .adaptive import load_or_calibrate
-        drafts = []
-        self.target_cache.rewind(0)
-        if self.draft_model is not None:
-            self.draft_model.cache.rewind(0)
-            drafts.append((self.draft_model.name, self.draft_model.backend))
-        self.policy.cost = load_or_calibrate(self.target, drafts)
-
     def _round(self, run: _Run) -> list[tuple[int, bool]]:
-        """One target pass: verify a draft if there is one, else a plain step."""
+        """One target pass over the pending token and a draft (if any); returns
+        the committed tokens, each with whether it was an accepted draft."""
         stats, ctx = run.stats, run.context
         self.target_cache.sync(ctx[:-1], need_logits=False)  # drops last round's rejected drafts
         # Draft no more than the context holds or the caller will use (the target's
         # own token after the drafts makes up the last one).
-        limit = min(MAX_DRAFT if self.policy else self.num_draft, self.target.n_ctx - len(ctx),
+        limit = min(self.planner.max_draft, self.target.n_ctx - len(ctx),
                     run.max_tokens - stats.generated_tokens - 1)
-        key, drafter, draft, stopped = None, None, Draft([]), False
-        if run.speculative and limit > 0:
-            key, drafter, draft, stopped = self._propose(run, limit)
-        draft_ids = draft.token_ids[:limit]
-        # A drafter with a few extra vocabulary rows may propose an id the target
-        # does not have: p is 0 there, so that draft is rejected for certain. The
-        # draft ends before it, and the position is resolved as a rejection below
-        # (greedy needs no such care: the target's argmax is always in its vocabulary).
-        out_of_vocab = False
-        for i, token in enumerate(draft_ids):
-            if token >= self.target.vocab.size:
-                draft_ids, out_of_vocab = draft_ids[:i], True
-                break
+        drafter, draft = self._draft(run, limit) if run.speculative and limit > 0 else (None, Draft([]))
 
-        t0 = time.perf_counter()
-        if not draft_ids:
-            logits = self.target_cache.forward([ctx[-1]])[-1]  # [V]
-            self._observe_target(1, time.perf_counter() - t0)
-            probs = None if run.params.greedy else logits_to_probs(logits, run.params)
-            if out_of_vocab and draft.probs is not None and probs is not None:
-                # The first draft was out of vocabulary: a rejection at position 0.
-                token = self._resample_rejected(probs, draft.probs[0], run)
-            else:
-                token = int(np.argmax(logits)) if probs is None else sample_from(probs, run.rng)
-            self._observe_confidence(logits[None], None if probs is None else probs[None], run)
+        start = self._clock()
+        # A drafter with extra vocabulary rows may propose an id the target lacks:
+        # the target runs up to it, and the verifier rejects it for certain.
+        runnable = runnable_drafts(draft.token_ids, self.target.vocab.size)
+        draft = draft.truncated(runnable + 1)  # nothing after such an id can be accepted
+        logits = self.target_cache.forward([ctx[-1], *draft.token_ids[:runnable]])  # [n, V]
+        verdict, top_probs = self._verify(logits, draft, run)
+        seconds = self._clock() - start
+
+        self.planner.observe(RoundResult(
+            drafter.name if drafter else None, draft.bucket, len(draft), verdict.num_accepted,
+            len(logits), seconds, top_probs))
+        if drafter is None:
             stats.plain_steps += 1
-            stats.plain_time_s += time.perf_counter() - t0
-            return [(token, False)]
-
-        logits = self.target_cache.forward([ctx[-1], *draft_ids])  # [k+1, V]
-        self._observe_target(len(draft_ids) + 1, time.perf_counter() - t0)
-        target_probs = None
-        if run.params.greedy:
-            new = greedy_verify(np.argmax(logits, axis=-1), draft_ids)
+            stats.plain_time_s += seconds
         else:
-            target_probs = logits_to_probs(logits, run.params)  # [k+1, V]
-            draft_probs = None if draft.probs is None else \
-                _fit_vocab(draft.probs[:len(draft_ids)], target_probs.shape[-1])  # [k, V]
-            new = rejection_sample(target_probs, draft_ids, draft_probs, run.rng)
-            if out_of_vocab and len(new) == len(draft_ids) + 1 and draft.probs is not None:
-                # Not a bonus token: the rejection at the out-of-vocabulary draft.
-                new[-1] = self._resample_rejected(target_probs[len(draft_ids)],
-                                                  draft.probs[len(draft_ids)], run)
-        num_accepted = len(new) - 1
-        committed = slice(0, len(new))  # the target's rows for the tokens this round commits
-        self._observe_confidence(logits[committed],
-                                 None if target_probs is None else target_probs[committed], run)
-        stats.record_round(len(draft_ids), num_accepted, drafter.name)
-        drafter.accepted(num_accepted)
-        if self.policy is not None:
-            self.policy.observe_round(key, len(draft_ids), num_accepted, stopped)
-        stats.verify_time_s += time.perf_counter() - t0
-        return [(t, True) for t in new[:-1]] + [(new[-1], False)]
+            stats.record_round(len(draft), verdict.num_accepted, drafter.name)
+            stats.verify_time_s += seconds
+            drafter.accepted(verdict.num_accepted)
+        return [(token, i < verdict.num_accepted) for i, token in enumerate(verdict.token_ids)]
 
-    def _propose(self, run: _Run, limit: int) -> tuple[str | None, Drafter | None, Draft, bool]:
-        """The draft for this round: from the fixed drafter, or as the policy plans.
-
-        Returns the policy's key for the drafter, the drafter, the draft, and
-        whether a draft model stopped short of the planned k (low confidence).
-        """
-        stats, policy = run.stats, self.policy
-        if policy is None:
-            return self.drafter.name, self.drafter, self._timed_propose(self.drafter, run, limit), False
-        if self._lookup is not None:
-            draft = self._timed_propose(self._lookup, run, limit)
-            if draft.token_ids:
-                plan = policy.plan_lookup(draft.match_length, len(draft.token_ids), limit)
-                if plan.num_draft:
-                    stats.probes += plan.probe
-                    return (lookup_key(draft.match_length), self._lookup,
-                            Draft(draft.token_ids[:plan.num_draft], None, draft.match_length), False)
-        model = self.draft_model
-        if model is not None:
-            behind = len(run.context) - common_prefix_length(model.cache.tokens, run.context)
-            plan = policy.plan_model(model.name, limit, behind)
-            if plan.num_draft:
-                draft = self._timed_propose(model, run, plan.num_draft)
-                policy.cost.observe_drafter(model.name, model.last_steps, model.last_step_seconds)
-                policy.cost.observe_sync(model.name, model.last_catch_up, model.last_catch_up_seconds)
-                stopped = len(draft.token_ids) < plan.num_draft
-                if not draft.token_ids:  # not confident enough to draft anything
-                    policy.observe_round(model.name, 0, 0, stopped=True)
-                    return None, None, draft, False
-                stats.probes += plan.probe
-                return model.name, model, draft, stopped
-        return None, None, Draft([]), False
+    def _draft(self, run: _Run, limit: int) -> tuple[Drafter | None, Draft]:
+        """Ask the planner's drafters, in the planner's order, for a draft worth verifying."""
+        while (proposal := self.planner.plan(run.context, limit)) is not None:
+            drafter = proposal.drafter
+            start = self._clock()
+            caught_up = drafter.prefill(run.context)
+            proposed = self._clock()
+            draft = drafter.propose(run.context, proposal.num_draft, run.params, run.rng)
+            done = self._clock()
+            run.stats.draft_time_s += done - start
+            verified = self.planner.review(DraftReport(proposal, draft, caught_up,
+                                                       proposed - start, done - proposed))
+            if verified is not None:
+                run.stats.probes += verified.probe
+                return drafter, draft.truncated(verified.num_draft)
+        return None, Draft([])
 
     @staticmethod
-    def _timed_propose(drafter: Drafter, run: _Run, num_draft: int) -> Draft:
-        """``drafter.propose``, its time added to the run's drafting time."""
-        start = time.perf_counter()
-        draft = drafter.propose(run.context, num_draft, run.params, run.rng)
-        run.stats.draft_time_s += time.perf_counter() - start
-        return draft
-
-    def _observe_confidence(self, logits: np.ndarray, probs: np.ndarray | None, run: _Run) -> None:
-        """Tell the policy whether the target was confident about each committed token
-        (rows of its logits, or of its probabilities when sampling), by the draft
-        model's stop threshold (without one, every token counts: it always drafts)."""
-        model = self.draft_model
-        if self.policy is None or model is None:
-            return
-        top = top_probability(logits) if probs is None else probs.max(-1)
-        self.policy.observe_confidence(top >= model.min_confidence)
-
-    def _observe_target(self, n: int, seconds: float) -> None:
-        if self.policy is not None:
-            self.policy.cost.observe_target(n, seconds)
-
-    @staticmethod
-    def _resample_rejected(target_probs: np.ndarray, draft_probs: np.ndarray, run: _Run) -> int:
-        """The replacement after a certain rejection: norm(max(0, p - q)) over the target's ids."""
-        q = _fit_vocab(draft_probs[None], target_probs.shape[-1])[0]
-        residual = np.maximum(target_probs - q, 0.0)
-        return sample_from(residual if residual.sum() > 0 else target_probs, run.rng)
-
-
-def _fit_vocab(draft_probs: np.ndarray, vocab_size: int) -> np.ndarray:
-    """q over the target's vocabulary: ids the target lacks have p = 0, so
-    dropping their columns leaves max(p - q, 0) unchanged; missing ids get q = 0."""
-    width = draft_probs.shape[-1]
-    if width == vocab_size:
-        return draft_probs
-    if width > vocab_size:
-        return draft_probs[:, :vocab_size]
-    return np.pad(draft_probs, ((0, 0), (0, vocab_size - width)))
+    def _verify(logits: np.ndarray, draft: Draft, run: _Run) -> tuple[Verdict, np.ndarray]:
+        """The verdict on ``draft`` from the target's rows of logits ``[n, V]``, and
+        the target's top probability at each committed token (for the planner)."""
+        if run.params.greedy:
+            verdict = greedy_verify(np.argmax(logits, axis=-1), draft.token_ids)
+            return verdict, top_probability(logits[:verdict.num_accepted + 1])
+        target_probs = logits_to_probs(logits, run.params)  # [n, V]
+        verdict = rejection_sample(target_probs, draft.token_ids, draft.probs, run.rng)
+        return verdict, target_probs[:verdict.num_accepted + 1].max(-1)
 
 
 _SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "seed")

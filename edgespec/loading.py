@@ -105,3 +105,20 @@ def load_drafter(spec: str | None, options: BackendOptions) -> Drafter | None:
 def _display_name(spec: str) -> str:
     path = Path(spec)
     return path.stem if path.suffix == ".gguf" else spec.rstrip("/").split("/")[-1]
+
+
+def auto_planner(target: Backend, drafter: Drafter | None, config=None):
+    """Auto mode over prompt lookup and ``drafter``, starting from this pair's
+    cached costs (a short calibration the first time), which it updates as it runs.
+
+    A draft model stops below the planner's ``draft_p_min`` top probability.
+    """
+    from .costs import CostModel, calibration_path, prior_for
+    from .policy import AdaptivePlanner, PolicyConfig, auto_drafters
+    config = config or PolicyConfig()
+    models = [(drafter.name, drafter.backend)] if isinstance(drafter, DraftModel) else []
+    if models:
+        drafter.min_confidence = config.draft_p_min
+    path = calibration_path(target, models[0][1] if models else None)
+    return AdaptivePlanner(auto_drafters(drafter, PromptLookup(max_ngram=8)),
+                           CostModel(prior_for(target, models)), config, save_costs_to=path)

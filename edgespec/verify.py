@@ -12,10 +12,19 @@ A deterministic drafter (prompt lookup) reports ``draft_probs=None``: q is
 one-hot on the proposed token, so xi is accepted with probability p_i(xi) and
 the replacement is drawn from p_i with xi removed. Either way, the tokens that
 come out are distributed exactly as sampling from the target alone.
+
+A drafter whose vocabulary has a few more rows than the target's may propose
+an id the target lacks. p is 0 there, so that draft is rejected for certain
+and the replacement comes from the residual over the target's ids. The target
+cannot evaluate such an id, so the draft is verified only up to it:
+:func:`runnable_drafts` says how many drafts to run the target on, and the
+verifiers accept ``k`` rows of target probabilities (instead of ``k + 1``)
+when the last draft is out of the target's vocabulary.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -23,30 +32,74 @@ import numpy as np
 from .sampling import sample_from
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """What a verified round commits: the accepted drafts, then one token of the
+    target's own (the recovered token after a rejection, or the bonus token
+    after all drafts were accepted)."""
+
+    accepted_token_ids: list[int]
+    next_token_id: int
+
+    @property
+    def num_accepted(self) -> int:
+        """How many draft tokens were accepted."""
+        return len(self.accepted_token_ids)
+
+    @property
+    def token_ids(self) -> list[int]:
+        """Every token the round commits, in order."""
+        return [*self.accepted_token_ids, self.next_token_id]
+
+
+def runnable_drafts(draft_token_ids: Sequence[int], vocab_size: int) -> int:
+    """How many leading drafts the target can evaluate (all ids below ``vocab_size``)."""
+    for i, token in enumerate(draft_token_ids):
+        if not 0 <= token < vocab_size:
+            return i
+    return len(draft_token_ids)
+
+
+def _check_rows(rows: int, draft_token_ids: Sequence[int], vocab_size: int) -> None:
+    num_draft = len(draft_token_ids)
+    runnable = runnable_drafts(draft_token_ids, vocab_size)
+    # The target runs on the last committed token and every draft it can evaluate.
+    expected = runnable + 1 if runnable >= num_draft - 1 else None
+    if rows != expected:
+        raise ValueError(
+            f"target rows: got {rows} for {num_draft} drafts; need k+1 = {num_draft + 1} "
+            f"(or k when only the last draft is outside the target's vocabulary of {vocab_size})")
+
+
 def rejection_sample(
     target_probs: np.ndarray,
     draft_token_ids: Sequence[int],
     draft_probs: np.ndarray | None,
     rng: np.random.Generator,
-) -> list[int]:
-    """Verify one round of drafts; return the accepted prefix plus one token.
+) -> Verdict:
+    """Verify one round of drafts: the accepted prefix, then the target's own token.
 
     ``target_probs`` is ``[k+1, V]`` (row i is p at draft position i, row k the
     distribution after the last draft), ``draft_token_ids`` has length k, and
-    ``draft_probs`` is ``[k, V]`` or ``None`` for a deterministic drafter.
-    The result always has between 1 and k+1 tokens: the accepted drafts, then
-    the correction (on rejection) or the bonus token (all accepted).
+    ``draft_probs`` is ``[k, V']`` or ``None`` for a deterministic drafter.
+    ``V'`` may differ from ``V``: q of ids the target lacks cannot matter (p is
+    0 there), and ids only the target has get q = 0. With k = 0 this samples
+    one token from ``target_probs[0]``: a plain step.
     """
     num_draft = len(draft_token_ids)
-    if target_probs.shape[0] != num_draft + 1:
-        raise ValueError(
-            f"target_probs has {target_probs.shape[0]} rows for {num_draft} drafts; "
-            f"need k+1 = {num_draft + 1}")
-    if draft_probs is not None and draft_probs.shape[0] != num_draft:
-        raise ValueError(f"draft_probs has {draft_probs.shape[0]} rows for {num_draft} drafts")
+    vocab_size = target_probs.shape[-1]
+    _check_rows(target_probs.shape[0], draft_token_ids, vocab_size)
+    if draft_probs is not None:
+        if draft_probs.shape[0] != num_draft:
+            raise ValueError(f"draft_probs has {draft_probs.shape[0]} rows for {num_draft} drafts")
+        draft_probs = _fit_vocab(draft_probs, vocab_size)  # [k, V]
 
     accepted: list[int] = []
     for i, token in enumerate(draft_token_ids):
+        if token >= vocab_size:  # p = 0: a certain rejection
+            p = target_probs[i]
+            residual = np.maximum(p - draft_probs[i], 0.0) if draft_probs is not None else p
+            return Verdict(accepted, sample_from(residual if residual.sum() > 0 else p, rng))
         p = target_probs[i]  # [V]
         q_token = 1.0 if draft_probs is None else float(draft_probs[i, token])
         # u * q < p  <=>  u < p / q, written without the division so q == 0 is safe.
@@ -61,22 +114,32 @@ def rejection_sample(
         if not residual.sum() > 0:
             # Only reachable through rounding when p == q; p is then the exact answer.
             residual = p
-        accepted.append(sample_from(residual, rng))
-        return accepted
-    accepted.append(sample_from(target_probs[num_draft], rng))
-    return accepted
+        return Verdict(accepted, sample_from(residual, rng))
+    return Verdict(accepted, sample_from(target_probs[num_draft], rng))
 
 
-def greedy_verify(target_argmax: Sequence[int], draft_token_ids: Sequence[int]) -> list[int]:
+def greedy_verify(target_argmax: Sequence[int], draft_token_ids: Sequence[int]) -> Verdict:
     """Temperature-0 verification: accept drafts while they equal the target's argmax.
 
     ``target_argmax`` has k+1 entries (the argmax at each draft position and
-    after the last). Returns the accepted prefix plus the target's next token.
+    after the last), or k when the last draft is outside the target's
+    vocabulary (it never equals an argmax). The target's next token follows
+    the accepted prefix.
     """
     accepted: list[int] = []
     for i, token in enumerate(draft_token_ids):
         if int(target_argmax[i]) != int(token):
             break
         accepted.append(int(token))
-    accepted.append(int(target_argmax[len(accepted)]))
-    return accepted
+    return Verdict(accepted, int(target_argmax[len(accepted)]))
+
+
+def _fit_vocab(draft_probs: np.ndarray, vocab_size: int) -> np.ndarray:
+    """q over the target's vocabulary: ids the target lacks have p = 0, so
+    dropping their columns leaves max(p - q, 0) unchanged; missing ids get q = 0."""
+    width = draft_probs.shape[-1]
+    if width == vocab_size:
+        return draft_probs
+    if width > vocab_size:
+        return draft_probs[:, :vocab_size]
+    return np.pad(draft_probs, ((0, 0), (0, vocab_size - width)))

@@ -1,24 +1,27 @@
-"""Tune auto mode offline: record traces once, then replay the policy on them.
+"""Tune auto mode offline: record traces once, then replay the real planner on them.
 
-A real ``edgespec bench`` sweep takes 10-20 minutes on a 2-core machine, too
+A real ``edgespec bench`` sweep takes tens of minutes on a 2-core machine, too
 slow to compare many policy settings. This script records, per prompt, the
 target's plain output (greedy, or sampled at T > 0) and, teacher-forced along
-it, what the drafters would have done: the draft model's per-position
-acceptance probability (greedy: argmax match; sampled: sum(min(p, q))) and
-its top probability (for the confidence stop), and the target's top probability
-(auto mode's prior for that stop). ``simulate`` then replays the
-real :class:`~edgespec.adaptive.AdaptivePolicy` and prompt lookup on those
-traces, charging each round with the machine's measured costs (v(n), c and
-the drafter's catch-up), and prints speedups for auto mode and fixed settings.
+it, what the draft model would have done: its per-position acceptance
+probability (greedy: argmax match; sampled: sum(min(p, q))) and its top
+probability (for the confidence stop), and the target's top probability.
 
-It is a model of the engine, not a benchmark: quote ``edgespec bench`` for
-speed. It reproduces the bench's ranking (e.g. lookup wins on edits, the
-0.5B drafter on code, plain on chat) and helped pick the constants in
-``edgespec/adaptive.py``.
+``simulate`` then drives the real :class:`~edgespec.policy.AdaptivePlanner`
+through the planner interface (plan → review → observe), with the real
+:class:`~edgespec.drafters.PromptLookup` and a draft model replayed from the
+trace, and charges each round the machine's measured costs (v(n), c and the
+catch-up, in plain steps). The planner sees simulated seconds exactly as it
+sees real ones, so its cost estimation runs too; ``--prior`` starts it from
+other (e.g. poisoned) costs than the true ones.
 
-    python scripts/policy_sim.py record --out traces.json          # ~4 min
+It is a model of the engine, not a benchmark: quote ``edgespec bench`` for speed.
+Tune on the tuning sets (code, edit, chat) only; the validation sets are not
+for tuning.
+
+    python scripts/policy_sim.py record --out traces.json          # ~5 min
     python scripts/policy_sim.py simulate traces.json
-    python scripts/policy_sim.py simulate traces.json --set OPTIMISM=0.5
+    python scripts/policy_sim.py simulate traces.json --set optimism=0.5 --set min_gain=1.02
 """
 
 from __future__ import annotations
@@ -26,11 +29,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from dataclasses import fields, replace
 
 import numpy as np
 
-import edgespec.adaptive as adaptive
-from edgespec.drafters import PromptLookup
+from edgespec.costs import CostModel, calibrate
+from edgespec.drafters import Draft, PromptLookup
+from edgespec.planner import DraftReport, RoundResult
+from edgespec.policy import AdaptivePlanner, PolicyConfig
 from edgespec.sampling import SamplingParams, logits_to_probs, top_probability
 
 MODEL = "model"
@@ -45,7 +51,7 @@ def record(args) -> None:
     options = BackendOptions()
     target = load_backend(args.target, options)
     draft = load_backend(args.draft, options)
-    cost = adaptive.calibrate(target, [(MODEL, draft)])
+    cost = calibrate(target, [(MODEL, draft)])
     engine = Engine(target, None, num_draft=2)
     vocab = target.vocab.size
     first, last = (int(x) for x in args.prompts.split(":"))
@@ -82,73 +88,107 @@ def record(args) -> None:
                 print(f"T={temperature:g} {set_name} #{index}: {len(out)} tokens, "
                       f"mean drafter acceptance {accept.mean():.2f}", flush=True)
     with open(args.out, "w") as f:
-        json.dump({"costs": cost.to_dict(), "traces": traces}, f)
+        json.dump({"costs": cost.as_prior(), "traces": traces}, f)
 
 
-def replay(trace: dict, cost: adaptive.CostModel, *, policy=None, drafter=None, k=0,
-           p_min=0.0, rng=None) -> float:
-    """Speedup over plain decoding of one trace: auto (``policy``) or a fixed drafter and k."""
+class TraceModel:
+    """The draft model of a trace: offers while its top probability clears the
+    threshold; the planner only ever sees its name and what it drafted."""
+
+    name = MODEL
+
+
+def replay(trace: dict, true: CostModel, *, config: PolicyConfig | None = None,
+           prior: dict | None = None, drafter: str | None = None, k: int = 0, rng=None,
+           tally: dict | None = None) -> float:
+    """Speedup over plain decoding of one trace: auto (with ``config``, its costs
+    starting from ``prior``) or a fixed drafter and k."""
     out, prompt, accept, top = trace["out"], trace["prompt"], trace["accept"], trace["top"]
-    target_top = trace.get("target_top", [1.0] * len(out))
+    target_top = np.asarray(trace.get("target_top", [1.0] * len(out)))
     greedy, n = trace["temp"] == 0, len(out)
-    lookup = PromptLookup(max_ngram=adaptive.LOOKUP_MAX_NGRAM if policy else 4)
+    lookup = PromptLookup(max_ngram=8 if config else 4)
+    planner = AdaptivePlanner([lookup, TraceModel()], CostModel(prior), config) if config else None
+    p_min = config.draft_p_min if config else 0.0
+    if planner:
+        planner.begin(prompt)
     params = SamplingParams(temperature=trace["temp"])
     t, spent, synced = 0, 0.0, 0  # synced: the draft model's cache holds out[:synced]
+
+    def model_draft(limit: int) -> tuple[Draft, int, float, float]:
+        behind = t - synced
+        drafted = 0
+        while drafted < limit and not (p_min and top[t + drafted] < p_min):
+            drafted += 1
+        steps = drafted + (drafted < limit)
+        catch_up = true.catch_up(MODEL, behind) if behind > 2 else 0.0
+        # Token ids stand in for the draft; acceptance is decided from the trace below.
+        return Draft(list(out[t:t + drafted])), behind, catch_up, steps * true.c(MODEL)
+
     while t < n:
-        limit = min(adaptive.MAX_DRAFT if policy else k, n - t - 1)
-        kind, planned, draft, key = None, 0, [], None
-        if limit > 0 and (policy or drafter == "lookup"):
-            proposal = lookup.propose(prompt + out[:t], limit, params, rng)
-            if proposal.token_ids:
-                planned = len(proposal.token_ids)
-                if policy:
-                    key = adaptive.lookup_key(proposal.match_length)
-                    planned = policy.plan_lookup(proposal.match_length, planned, limit).num_draft
-                if planned:
-                    kind, draft = "lookup", proposal.token_ids[:planned]
-        if limit > 0 and kind is None and (policy or drafter == MODEL):
-            planned = policy.plan_model(MODEL, limit, t - synced).num_draft if policy else limit
-            if planned:
-                kind, key = MODEL, MODEL
+        limit = min(planner.max_draft if planner else k, n - t - 1)
+        kind, draft, round_spent, asked_model = None, Draft([]), 0.0, False
+        context = prompt + out[:t]
+        while limit > 0:
+            if planner:
+                proposal = planner.plan(context, limit)
+                if proposal is None:
+                    break
+                use = proposal.drafter.name
+            else:
+                use = drafter
+            if use == "lookup":
+                draft = lookup.propose(context, limit, params, rng)
+                caught_up, catch_s, draft_s = 0, 0.0, 0.0
+            else:
+                draft, caught_up, catch_s, draft_s = model_draft(proposal.num_draft if planner else limit)
+                asked_model = True
+            round_spent += catch_s + draft_s
+            if not planner:
+                kind = use if draft.token_ids else None
+                break
+            verified = planner.review(DraftReport(proposal, draft, caught_up, catch_s, draft_s))
+            if verified is not None:
+                kind, draft = use, draft.truncated(verified.num_draft)
+                break
         if kind is None:
-            if policy:
-                policy.observe_confidence([target_top[t] >= p_min])
-            spent, t = spent + 1, t + 1
-            continue
+            draft = Draft([])  # nothing worth verifying: a plain step
+        accepted = 0
         if kind == "lookup":
-            accepted = 0
-            while accepted < planned and out[t + accepted] == draft[accepted]:
+            while accepted < len(draft) and out[t + accepted] == draft.token_ids[accepted]:
                 accepted += 1
-            drafted, stopped = planned, False
-            spent += cost.v(planned + 1)
-        else:
-            if t - synced > 2:
-                spent += (t - synced) * cost.sync(MODEL)
-            drafted = 0
-            while drafted < planned and not (p_min and top[t + drafted] < p_min):
-                drafted += 1
-            stopped = drafted < planned
-            accepted = 0
-            while accepted < drafted and (accept[t + accepted] >= 1 if greedy
-                                          else rng.random() < accept[t + accepted]):
+        elif kind is not None:
+            while accepted < len(draft) and (accept[t + accepted] >= 1 if greedy
+                                             else rng.random() < accept[t + accepted]):
                 accepted += 1
-            spent += (drafted + stopped) * cost.c(MODEL) + cost.v(drafted + 1)
-        if policy:
-            policy.observe_round(key, drafted, accepted, stopped)
-            policy.observe_confidence([p >= p_min for p in target_top[t:t + accepted + 1]])
+        verify_s = true.v(len(draft) + 1)
+        round_spent += verify_s
+        if planner:
+            planner.observe(RoundResult(kind, draft.bucket, len(draft), accepted, len(draft) + 1,
+                                        verify_s, target_top[t:t + accepted + 1]))
+        spent += round_spent
+        if tally is not None:
+            key = kind or "plain"
+            tally[key] = tally.get(key, 0) + 1
+            tally[f"{key} accepted"] = tally.get(f"{key} accepted", 0) + accepted
+            tally[f"{key} drafted"] = tally.get(f"{key} drafted", 0) + len(draft)
+        if asked_model:  # it caught up, and holds its drafts but the last
+            synced = t + (accepted if kind == MODEL else 0)
         t += accepted + 1
-        if kind == MODEL:
-            synced = t - 1
     return n / spent
 
 
 def simulate(args) -> None:
     data = json.load(open(args.traces))
+    true = CostModel(data["costs"])
+    prior = json.load(open(args.prior)) if args.prior else data["costs"]
+    names = {f.name for f in fields(PolicyConfig)}
+    changes = {}
     for setting in args.set:
         name, value = setting.split("=")
-        setattr(adaptive, name, float(value))
-    cost = adaptive.CostModel.from_dict(data["costs"])
-    cost.drafter_s[MODEL] = cost.drafter_s.get(MODEL, 0.0)
+        if name not in names:
+            raise SystemExit(f"unknown PolicyConfig field {name!r}: one of {', '.join(sorted(names))}")
+        changes[name] = type(getattr(PolicyConfig(), name))(float(value))
+    config = replace(PolicyConfig(), **changes)
     settings = {f"{d} k{k}": dict(drafter=d, k=k) for d in (MODEL, "lookup") for k in (2, 4)}
     settings["auto"] = dict(auto=True)
     groups = sorted({(t["set"], t["temp"]) for t in data["traces"]})
@@ -160,14 +200,18 @@ def simulate(args) -> None:
             for trace in (t for t in data["traces"] if (t["set"], t["temp"]) == group):
                 repeats = 1 if trace["temp"] == 0 else args.repeats
                 speeds.append(statistics.mean(
-                    replay(trace, cost, rng=np.random.default_rng(seed),
-                           policy=adaptive.AdaptivePolicy(cost.copy())
-                           if setting.get("auto") else None,
-                           drafter=setting.get("drafter"), k=setting.get("k", 0),
-                           p_min=adaptive.AUTO_DRAFT_P_MIN if setting.get("auto") else 0.0)
+                    replay(trace, true, rng=np.random.default_rng(seed),
+                           config=config if setting.get("auto") else None, prior=prior,
+                           drafter=setting.get("drafter"), k=setting.get("k", 0))
                     for seed in range(repeats)))
             cells.append(statistics.median(speeds))
         print(label.ljust(10) + "".join(f"{c:14.3f}" for c in cells))
+    if args.verbose:
+        for trace in data["traces"]:
+            tally: dict = {}
+            speed = replay(trace, true, rng=np.random.default_rng(0), config=config, prior=prior,
+                           tally=tally)
+            print(f"{trace['set']}/T={trace['temp']:g} #{trace['index']}: auto {speed:.3f}  {tally}")
 
 
 def main() -> None:
@@ -184,7 +228,10 @@ def main() -> None:
     sim = sub.add_parser("simulate", help="replay auto mode and fixed settings on traces")
     sim.add_argument("traces")
     sim.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                     help="override a constant of edgespec.adaptive, e.g. OPTIMISM=0.5")
+                     help="override a PolicyConfig field, e.g. optimism=0.5")
+    sim.add_argument("--prior", help="a cost file (ratios) to start the planner from, "
+                     "instead of the true costs (e.g. a poisoned one)")
+    sim.add_argument("--verbose", action="store_true", help="auto's rounds on each trace")
     sim.add_argument("--repeats", type=int, default=2, help="sampling seeds per trace at T > 0")
     args = parser.parse_args()
     record(args) if args.command == "record" else simulate(args)

@@ -9,6 +9,7 @@ deliberately broken acceptance rule must fail the same test.
 import numpy as np
 
 import edgespec.engine
+from edgespec.verify import Verdict
 from edgespec import DraftModel, Engine, PromptLookup, SamplingParams
 from edgespec.backends.toy import ToyBackend
 from edgespec.sampling import sample_from
@@ -79,10 +80,8 @@ def broken_rejection_sample(target_probs, draft_token_ids, draft_probs, rng):
         if rng.random() * q_token < target_probs[i, token]:
             accepted.append(int(token))
             continue
-        accepted.append(sample_from(target_probs[i], rng))
-        return accepted
-    accepted.append(sample_from(target_probs[len(draft_token_ids)], rng))
-    return accepted
+        return Verdict(accepted, sample_from(target_probs[i], rng))
+    return Verdict(accepted, sample_from(target_probs[len(draft_token_ids)], rng))
 
 
 def test_broken_rule_fails_the_same_test(monkeypatch):

@@ -30,20 +30,88 @@ def test_index_follows_a_growing_context_and_a_new_one():
     assert lookup.propose(context, 2, PARAMS, RNG).token_ids == []
     context += [1, 2]
     assert lookup.propose(context, 2, PARAMS, RNG).token_ids == [3, 4]
+    # An edited conversation of the same length: [1, 2] is now followed by [7, 4].
+    assert lookup.propose([1, 2, 7, 4, 1, 2], 2, PARAMS, RNG).token_ids == [7, 4]
     # A different conversation: the old index must not leak into it.
     assert lookup.propose([9, 8, 1, 2], 2, PARAMS, RNG).token_ids == []
 
 
+class _CountingTable(dict):
+    """An n-gram table that counts every entry written into it."""
+
+    def __init__(self, counter, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._counter = counter
+        counter.writes += len(self)  # a table built already filled did that work too
+
+    def __setitem__(self, key, value):
+        self._counter.writes += 1
+        super().__setitem__(key, value)
+
+    def setdefault(self, key, default=None):
+        self._counter.writes += 1
+        return super().setdefault(key, default)
+
+    def update(self, *args, **kwargs):
+        other = dict(*args, **kwargs)
+        self._counter.writes += len(other)
+        super().update(other)
+
+
+class _CountingIndex(dict):
+    """The per-n dict of tables; a table put into it (or replaced) is counted too."""
+
+    def __init__(self, counter, tables):
+        super().__init__({n: _CountingTable(counter, t) for n, t in tables.items()})
+        self._counter = counter
+
+    def __setitem__(self, n, table):
+        super().__setitem__(n, _CountingTable(self._counter, table))
+
+
+class CountingLookup(PromptLookup):
+    """PromptLookup whose n-gram index counts its insertions, however it is rebuilt:
+    assigning ``self._index`` (as ``reset`` does) installs counting tables too."""
+
+    def __init__(self, **kwargs):
+        self.writes = 0
+        super().__init__(**kwargs)
+
+    @property
+    def _index(self):
+        return self.__dict__["_index"]
+
+    @_index.setter
+    def _index(self, tables):
+        self.__dict__["_index"] = _CountingIndex(self, tables)
+
+
 def test_rounds_on_a_long_context_stay_cheap():
-    """Each round only indexes the new tokens, so cost does not grow with length."""
+    """Each round only indexes the new tokens: the n-gram insertions of a round are
+    bounded by the tokens it adds, not by the context's length (a rescan of the
+    whole context would insert ~len(context) entries per n-gram size every round)."""
     rng = np.random.default_rng(1)
-    lookup = PromptLookup()
+    lookup = CountingLookup()
+    sizes = lookup.max_ngram - lookup.min_ngram + 1
     context = rng.integers(0, 1000, 20_000).tolist()
     lookup.propose(context, 4, PARAMS, RNG)  # indexes the prompt once
-    ops_before = sum(len(t) for t in lookup._index.values())
+    # The counter sees the indexing (else the bound below would hold vacuously).
+    assert lookup.writes >= len(context) - lookup.max_ngram
     for _ in range(200):
-        context.append(int(rng.integers(0, 1000)))
+        new = rng.integers(0, 1000, int(rng.integers(1, 6))).tolist()  # accepted drafts + 1
+        context.extend(new)
+        before = lookup.writes
         lookup.propose(context, 4, PARAMS, RNG)
-    # 200 new tokens add at most 200 entries per n-gram size, never a rescan.
-    added = sum(len(t) for t in lookup._index.values()) - ops_before
-    assert added <= 200 * (lookup.max_ngram - lookup.min_ngram + 1)
+        assert lookup.writes - before <= len(new) * sizes, (len(context), lookup.writes - before)
+    # Proposing again on an unchanged context indexes nothing.
+    before = lookup.writes
+    lookup.propose(context, 4, PARAMS, RNG)
+    assert lookup.writes == before
+    # The cheap rounds did index the new tokens: an n-gram (of tokens unseen before)
+    # added during the rounds is found, and what followed it is proposed.
+    unseen = list(range(5000, 5010))
+    for token in unseen:
+        context.append(token)
+        lookup.propose(context, 4, PARAMS, RNG)
+    context += unseen[3:5]
+    assert lookup.propose(context, 4, PARAMS, RNG).token_ids == unseen[5:9]

@@ -1,36 +1,57 @@
 """The acceptance rule on hand-built distributions."""
 
-import inspect
-from typing import Sequence
-
 import numpy as np
 import pytest
 
 from edgespec import greedy_verify, rejection_sample
+from edgespec.verify import runnable_drafts
 
 
-def test_rejection_sample_signature_is_the_documented_one():
-    sig = inspect.signature(rejection_sample)
-    assert list(sig.parameters) == ["target_probs", "draft_token_ids", "draft_probs", "rng"]
-    assert sig.parameters["draft_probs"].annotation == "np.ndarray | None"
-    assert sig.parameters["target_probs"].annotation == "np.ndarray"
-    assert sig.parameters["draft_token_ids"].annotation == "Sequence[int]"
-    assert sig.parameters["rng"].annotation == "np.random.Generator"
-    assert sig.return_annotation == "list[int]"
+def sample(target, drafts, draft_probs, rng):
+    """The committed tokens of one round."""
+    return rejection_sample(target, drafts, draft_probs, rng).token_ids
+
+
+def test_the_verdict_names_accepted_drafts_and_the_targets_own_token():
+    target = np.array([[0, 1, 0], [0, 0, 1], [1, 0, 0]], float)  # [k+1, V]
+    verdict = rejection_sample(target, [1, 2], None, np.random.default_rng(0))
+    assert verdict.accepted_token_ids == [1, 2] and verdict.num_accepted == 2
+    assert verdict.next_token_id == 0  # the bonus token
+    rejected = rejection_sample(target, [0, 2], None, np.random.default_rng(0))
+    assert rejected.num_accepted == 0 and rejected.next_token_id == 1  # the recovered token
+
+
+def test_a_draft_outside_the_targets_vocabulary_is_a_certain_rejection():
+    """The target (V = 3) runs only up to the out-of-vocabulary draft (id 4): k rows."""
+    p = np.array([[0.0, 1.0, 0.0], [0.2, 0.3, 0.5]])  # rows for positions 0 and 1
+    q = np.array([[0.0, 1.0, 0.0, 0.0, 0.0], [0.0, 0.3, 0.0, 0.0, 0.7]])  # V' = 5
+    assert runnable_drafts([1, 4], 3) == 1
+    rng = np.random.default_rng(4)
+    outs = [rejection_sample(p, [1, 4], q, rng) for _ in range(2000)]
+    assert all(v.accepted_token_ids == [1] for v in outs)
+    # The replacement comes from norm(max(0, p - q)) over the target's ids: 0 or 2.
+    counts = np.bincount([v.next_token_id for v in outs], minlength=3)
+    assert counts[1] == 0 and counts[0] > 0 and counts[2] > 0
+    residual = np.array([0.2, 0.0, 0.5]) / 0.7
+    assert abs(counts[2] / 2000 - residual[2]) < 5 * np.sqrt(residual[2] * (1 - residual[2]) / 2000)
+    greedy = greedy_verify([1, 2], [1, 4])  # k rows for k drafts, the last out of vocabulary
+    assert greedy.accepted_token_ids == [1] and greedy.next_token_id == 2
+    with pytest.raises(ValueError, match="k\\+1"):  # an id out of vocabulary that is not last
+        rejection_sample(p, [4, 1], q, rng)
 
 
 def test_drafts_the_target_gives_probability_one_are_always_accepted():
     target = np.array([[0, 1, 0], [0, 0, 1], [1, 0, 0]], float)  # [k+1, V]
     rng = np.random.default_rng(0)
     for _ in range(100):
-        assert rejection_sample(target, [1, 2], None, rng) == [1, 2, 0]
+        assert sample(target, [1, 2], None, rng) == [1, 2, 0]
 
 
 def test_impossible_draft_is_rejected_and_replaced_from_the_residual():
     target = np.array([[0.5, 0.5, 0.0], [1 / 3] * 3], float)
     draft = np.array([[0.0, 0.0, 1.0]])
     rng = np.random.default_rng(0)
-    seen = {tuple(rejection_sample(target, [2], draft, rng)) for _ in range(200)}
+    seen = {tuple(sample(target, [2], draft, rng)) for _ in range(200)}
     assert seen == {(0,), (1,)}
 
 
@@ -38,7 +59,7 @@ def test_one_hot_rejection_never_resamples_the_rejected_token():
     target = np.array([[0.6, 0.3, 0.1], [1 / 3] * 3])
     rng = np.random.default_rng(1)
     for _ in range(500):
-        out = rejection_sample(target, [0], None, rng)
+        out = sample(target, [0], None, rng)
         if len(out) == 1:  # rejected: the correction is never the draft itself
             assert out[0] != 0
 
@@ -49,7 +70,7 @@ def test_accepted_prefix_then_exactly_one_token():
     draft = rng.dirichlet(np.ones(6), size=4)
     for _ in range(200):
         drafts = [int(rng.integers(6)) for _ in range(4)]
-        out = rejection_sample(target, drafts, draft, rng)
+        out = sample(target, drafts, draft, rng)
         assert 1 <= len(out) <= 5
         assert out[:-1] == drafts[:len(out) - 1]
 
@@ -68,7 +89,7 @@ def test_single_position_acceptance_probability_is_sum_of_min():
     n, accepted = 40_000, 0
     for _ in range(n):
         token = int(rng.choice(3, p=q))
-        accepted += len(rejection_sample(target, [token], q[None], rng)) == 2
+        accepted += rejection_sample(target, [token], q[None], rng).num_accepted == 1
     expected = np.minimum(p, q).sum()  # 0.6
     # 5 standard errors: fails by chance with probability < 1e-6.
     assert abs(accepted / n - expected) < 5 * np.sqrt(expected * (1 - expected) / n)
@@ -81,4 +102,4 @@ def test_single_position_acceptance_probability_is_sum_of_min():
     ([7], [], [7]),                   # no drafts: a plain step
 ])
 def test_greedy_verify(argmax, drafts, out):
-    assert greedy_verify(argmax, drafts) == out
+    assert greedy_verify(argmax, drafts).token_ids == out

@@ -4,6 +4,11 @@ Its next-token logits depend on the last two tokens of the context through a
 random table, so drafts, caches and rewinds behave as with a real model while
 a generation costs microseconds: tens of thousands of samples fit in a test.
 Token i is the letter ``chr(ord("a") + i)``.
+
+With a :class:`SimClock`, each pass also advances that clock by what a pass
+of its size would cost on a real machine (``step_seconds`` for one token,
+``token_seconds`` for each further token), so tests of how auto mode reacts
+to costs are deterministic: give the engine the same clock.
 """
 
 from __future__ import annotations
@@ -15,10 +20,25 @@ import numpy as np
 from .base import VocabInfo
 
 
+class SimClock:
+    """Simulated seconds: a callable clock that toy backends advance."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
 class ToyBackend:
     """A context-dependent random LM over ``vocab_size`` letters."""
 
-    def __init__(self, table: np.ndarray, *, eos_token_id: int | None = None, name: str = "toy"):
+    def __init__(self, table: np.ndarray, *, eos_token_id: int | None = None, name: str = "toy",
+                 clock: SimClock | None = None, step_seconds: float = 0.0,
+                 token_seconds: float = 0.0):
         vocab_size = table.shape[-1]
         if table.shape != (vocab_size, vocab_size, vocab_size):
             raise ValueError("table must be [V, V, V]: logits indexed by the last two tokens")
@@ -29,6 +49,7 @@ class ToyBackend:
         self.n_ctx = 1 << 20
         self._cache: list[int] = []
         self.forward_calls = 0  # tests count target passes with this
+        self.clock, self.step_seconds, self.token_seconds = clock, step_seconds, token_seconds
 
     @classmethod
     def random(cls, vocab_size: int, *, seed: int, scale: float = 2.0, **kwargs) -> "ToyBackend":
@@ -36,12 +57,14 @@ class ToyBackend:
         rng = np.random.default_rng(seed)
         return cls(rng.normal(0.0, scale, (vocab_size,) * 3), **kwargs)
 
-    def perturbed(self, *, noise: float, seed: int, name: str = "toy-draft") -> "ToyBackend":
-        """A drafter-like model: this one's logits plus Gaussian noise."""
+    def perturbed(self, *, noise: float, seed: int, name: str = "toy-draft",
+                  **timing) -> "ToyBackend":
+        """A drafter-like model: this one's logits plus Gaussian noise (``timing``:
+        ``clock``, ``step_seconds``, ``token_seconds`` as for the constructor)."""
         rng = np.random.default_rng(seed)
         table = self.table + rng.normal(0.0, noise, self.table.shape)
         eos = next(iter(self.vocab.eos_token_ids), None)
-        return ToyBackend(table, eos_token_id=eos, name=name)
+        return ToyBackend(table, eos_token_id=eos, name=name, **timing)
 
     @property
     def n_past(self) -> int:
@@ -58,6 +81,8 @@ class ToyBackend:
         if len(self._cache) + len(tokens) > self.n_ctx:
             raise ValueError("context full")
         self.forward_calls += 1
+        if self.clock is not None:
+            self.clock.advance(self.step_seconds + self.token_seconds * (len(tokens) - 1))
         start = len(self._cache)
         self._cache.extend(int(t) for t in tokens)
         positions = range(len(self._cache) - 1, len(self._cache)) if last_only else \

@@ -20,10 +20,19 @@ class Draft:
 
     token_ids: list[int]
     probs: np.ndarray | None = None
-    match_length: int = 0  # prompt lookup: length of the n-gram that matched
+    # What kind of draft this is, for planners that track acceptance separately by
+    # kind (prompt lookup: how long a match it continues); None: all alike.
+    bucket: str | None = None
 
     def __len__(self) -> int:
         return len(self.token_ids)
+
+    def truncated(self, num_draft: int) -> "Draft":
+        """The first ``num_draft`` tokens of this draft (with their q)."""
+        if num_draft >= len(self.token_ids):
+            return self
+        probs = None if self.probs is None else self.probs[:num_draft]
+        return Draft(self.token_ids[:num_draft], probs, self.bucket)
 
 
 @runtime_checkable
@@ -33,13 +42,19 @@ class Drafter(Protocol):
     ``propose`` may return fewer than ``num_draft`` tokens, or none. Draft
     tokens must be *sampled from the q they report* under ``params``.
     ``accepted`` tells the drafter how many of its last proposal the target
-    kept, so it can learn (or simply ignore it). ``prefill`` prepares for a
-    new prompt ahead of the first round (returns tokens evaluated), and
-    ``rewind`` drops any state beyond the committed ``context``; the engine
-    calls it in a ``finally`` so an abandoned generation leaves no junk.
+    kept, so it can learn (or simply ignore it). ``prefill`` brings the
+    drafter up to date with ``context`` (the prompt, or the tokens committed
+    since it last drafted) and returns how many tokens it evaluated; the
+    engine times it apart from ``propose``. ``rewind`` drops any state beyond
+    the committed ``context``; the engine calls it in a ``finally`` so an
+    abandoned generation leaves no junk. ``attach`` raises
+    :class:`~edgespec.errors.EdgespecError` if the drafter cannot serve
+    ``target`` (vocabulary), and ``close`` frees what the drafter holds.
     """
 
     name: str
+
+    def attach(self, target) -> None: ...
 
     def prefill(self, context: Sequence[int]) -> int: ...
 
@@ -51,3 +66,5 @@ class Drafter(Protocol):
     def rewind(self, context: Sequence[int]) -> None: ...
 
     def reset(self) -> None: ...
+
+    def close(self) -> None: ...

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Sequence
 
 import numpy as np
@@ -16,11 +15,12 @@ from .base import Draft
 class DraftModel:
     """Propose tokens by running a (smaller) model autoregressively.
 
-    The drafter's KV cache follows the committed context: before drafting it
-    is synced to the context, evaluating only what is new since the last
-    round. That covers the case where every draft was accepted: the drafter
-    sampled its last draft token but never ran on it, so the sync evaluates
-    that token together with the target's bonus token.
+    The drafter's KV cache follows the committed context: :meth:`prefill`
+    syncs it, evaluating only what is new since the last round, and keeps the
+    logits after the context for the first draft. That covers the case where
+    every draft was accepted: the drafter sampled its last draft token but
+    never ran on it, so the sync evaluates that token together with the
+    target's bonus token.
     """
 
     def __init__(self, backend: Backend, *, name: str | None = None, min_confidence: float = 0.0):
@@ -33,14 +33,21 @@ class DraftModel:
         # (llama.cpp's --draft-p-min). The test looks only at the draft model's
         # distribution before sampling, so proposals stay exactly distributed as q.
         self.min_confidence = min_confidence
-        self.last_steps = 0  # draft-model passes of the last proposal, and their time
-        self.last_step_seconds = 0.0
-        self.last_catch_up = 0  # tokens of a catch-up before the last proposal, and its time
-        self.last_catch_up_seconds = 0.0
+        self._next_logits: np.ndarray | None = None  # [V] after the cached tokens
+
+    def attach(self, target: Backend) -> None:
+        """Refuse a target whose vocabulary this model cannot draft for."""
+        from ..compat import check_compatible
+        check_compatible(target, self.backend)
 
     def prefill(self, context: Sequence[int]) -> int:
-        """Evaluate the prompt ahead of the first round; return tokens evaluated."""
-        _, evaluated = self.cache.sync(context, need_logits=False)
+        """Make the cache hold ``context`` (with the logits after it); return tokens evaluated."""
+        if self._next_logits is not None and len(self.cache.tokens) == len(context) \
+                and common_prefix_length(self.cache.tokens, context) == len(context):
+            return 0
+        self._next_logits = None
+        logits, evaluated = self.cache.sync(context, need_logits=True)  # [V]
+        self._next_logits = logits
         return evaluated
 
     def propose(self, context: Sequence[int], num_draft: int, params: SamplingParams,
@@ -50,15 +57,8 @@ class DraftModel:
         num_draft = min(num_draft, self.backend.n_ctx - len(context) + 1)
         if num_draft <= 0:
             return Draft([])
-        start = time.perf_counter()
-        logits, evaluated = self.cache.sync(context, need_logits=True)  # [V]
-        # The sync is normally one step (the last committed token or two). A long
-        # catch-up after plain decoding is not a drafting step: keep it out of the cost.
-        catch_up = evaluated > 2
-        self.last_steps = 0 if catch_up else 1
-        counted_from = time.perf_counter() if catch_up else start
-        self.last_catch_up = evaluated if catch_up else 0
-        self.last_catch_up_seconds = counted_from - start  # 0 without a catch-up
+        self.prefill(context)
+        logits, self._next_logits = self._next_logits, None
         token_ids: list[int] = []
         probs: list[np.ndarray] = []
         for i in range(num_draft):
@@ -75,8 +75,6 @@ class DraftModel:
             token_ids.append(token)
             if i + 1 < num_draft:
                 logits = self.cache.forward([token])[-1]
-                self.last_steps += 1
-        self.last_step_seconds = time.perf_counter() - counted_from
         # Greedy drafts are one-hot in q, which the verifier reads from None.
         return Draft(token_ids, np.stack(probs) if probs else None)
 
@@ -85,8 +83,17 @@ class DraftModel:
 
     def rewind(self, context: Sequence[int]) -> None:
         """Drop cached draft tokens that are not part of ``context``."""
-        self.cache.rewind(common_prefix_length(self.cache.tokens, context))
+        keep = common_prefix_length(self.cache.tokens, context)
+        if keep < len(self.cache.tokens):
+            self._next_logits = None
+        self.cache.rewind(keep)
 
     def reset(self) -> None:
         """Empty the draft model's cache."""
+        self._next_logits = None
         self.cache.rewind(0)
+
+    def close(self) -> None:
+        """Free the model."""
+        self._next_logits = None
+        self.backend.close()

@@ -17,6 +17,12 @@ from ..sampling import SamplingParams
 from .base import Draft
 
 
+def match_bucket(match_length: int) -> str:
+    """How a draft is classed by its match: 2, 3, 4-7 or 8+ tokens (a 2-token
+    match is often a coincidence, an 8-token one usually a copy in progress)."""
+    return f"match{8 if match_length >= 8 else 4 if match_length >= 4 else match_length}"
+
+
 class PromptLookup:
     """An n-gram drafter with an index that grows with the context.
 
@@ -65,8 +71,14 @@ class PromptLookup:
                 continue
             end = self._index[n].get(tuple(tokens[length - n:]))
             if end is not None:
-                return Draft(tokens[end:end + num_draft], None, n)
+                return Draft(tokens[end:end + num_draft], None, match_bucket(n))
         return Draft([])
+
+    def attach(self, target) -> None:
+        """Prompt lookup drafts the target's own tokens: any target will do."""
+
+    def close(self) -> None:
+        """Nothing to free."""
 
     def prefill(self, context: Sequence[int]) -> int:
         """Index the prompt; no model runs, so nothing is evaluated."""

@@ -1,0 +1,323 @@
+"""What passes cost on this machine: measured, robust, and never stale for long.
+
+All costs are ratios to one one-token target pass (a *plain step*), as the
+speed model needs them (DESIGN.md):
+
+- ``v(n)``: a target pass over n tokens (the verify of n - 1 drafts, with the
+  host work of turning its rows into a verdict);
+- ``c(drafter)``: one drafter step (drafting one token);
+- ``catch_up(drafter, n)``: a draft model's batched pass over n committed
+  tokens after it sat out some rounds, taken as c·v(n) (a smaller model of the
+  same kind batches about as the target does).
+
+The :class:`CostModel` keeps the last few samples of each and estimates by
+their median (by the smaller of the first two: a warm-up or a busy moment
+only ever makes a pass slower), as
+a ratio to the median plain step of the same window, so that a machine that
+gets busier or faster changes both sides alike. Estimates are clamped to what
+is physically plausible (1 <= v(n) <= n, 0 <= c <= 1). A *prior*
+(the cached calibration of this model pair, or a bench profile) only stands in
+until this run has measured the same thing: one in-run sample replaces it.
+
+The module also owns the cache files: the calibration of each model pair on
+this machine, and the pairing ``edgespec bench --save-profile`` recommends.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import time
+from collections import deque
+from pathlib import Path
+from typing import Sequence
+
+from .backends.base import Backend
+
+WINDOW = 9                      # samples kept per kind: the median of the most recent
+CALIBRATION_SIZES = (1, 2, 3, 5, 9)
+CALIBRATION_REPEATS = 5         # timed passes per size after one warm-up pass
+
+
+class _Samples:
+    """The most recent samples of one kind, and when the newest was taken."""
+
+    def __init__(self) -> None:
+        self.values: deque[float] = deque(maxlen=WINDOW)
+        self.last_tick = -1  # the CostModel's clock at the newest sample
+
+    def add(self, value: float, tick: int) -> None:
+        if value >= 0:
+            self.values.append(value)
+            self.last_tick = tick
+
+    def estimate(self) -> float | None:
+        """The median; of one or two samples the smaller, since a pass is never
+        faster than the machine but often slower (a warm-up, a busy moment)."""
+        if not self.values:
+            return None
+        return min(self.values) if len(self.values) <= 2 else statistics.median(self.values)
+
+
+class CostModel:
+    """Costs of target passes and drafter steps, in plain steps (see module doc).
+
+    ``prior`` holds ratios (``{"v": {n: v(n)}, "c": {name: c}}``),
+    e.g. :func:`load_calibration`'s; it is used only until this run measures
+    the same quantity.
+    """
+
+    def __init__(self, prior: dict | None = None):
+        prior = prior or {}
+        self.prior_v = {int(n): _clamp(float(r), 1.0, float(n))
+                        for n, r in prior.get("v", {}).items() if int(n) >= 1}
+        self.prior_c = {k: _clamp(float(r), 0.0, 1.0) for k, r in prior.get("c", {}).items()}
+        self._target: dict[int, _Samples] = {}
+        self._step: dict[str, _Samples] = {}
+        self._v_table: dict[int, float] | None = None
+        self.tick = 0  # target passes observed: the clock that ages samples
+
+    # -- measurements ------------------------------------------------------------------
+
+    def observe_target(self, num_tokens: int, seconds: float) -> None:
+        """A target pass over ``num_tokens`` tokens (verify included) took ``seconds``."""
+        self.tick += 1
+        self._target.setdefault(num_tokens, _Samples()).add(seconds, self.tick)
+        self._v_table = None
+
+    def observe_draft(self, name: str, steps: int, seconds: float) -> None:
+        """``steps`` drafter steps took ``seconds``."""
+        if steps > 0:
+            self._step.setdefault(name, _Samples()).add(seconds / steps, self.tick)
+
+    @property
+    def step_seconds(self) -> float | None:
+        """The median plain step of this run, in seconds (None before one was measured)."""
+        samples = self._target.get(1)
+        return samples.estimate() if samples else None
+
+    def rounds_since_measured(self, drafter: str) -> float:
+        """Target passes since this run last measured both a verify pass (n > 1)
+        and a step of ``drafter``: how long the estimates for it have rested on
+        older numbers (infinite: never measured in this run)."""
+        verify = max((s.last_tick for n, s in self._target.items() if n > 1 and s.values), default=-1)
+        own = self._step.get(drafter)
+        last = min(verify, own.last_tick if own and own.values else -1)
+        return float("inf") if last < 0 else float(self.tick - last)
+
+    def rounds_since_plain_step(self) -> float:
+        """Target passes since this run last measured a plain step (infinite: never)."""
+        samples = self._target.get(1)
+        return float(self.tick - samples.last_tick) if samples and samples.values else float("inf")
+
+    def plain_steps_measured(self) -> int:
+        """How many plain steps the window holds."""
+        samples = self._target.get(1)
+        return len(samples.values) if samples else 0
+
+    def measured_sizes(self) -> list[int]:
+        """Target pass sizes this run has measured."""
+        return sorted(n for n, s in self._target.items() if s.values)
+
+    # -- estimates -----------------------------------------------------------------------
+
+    def v(self, n: int) -> float:
+        """Time of an n-token target pass / time of a one-token pass."""
+        if n <= 1:
+            return 1.0
+        if self._v_table is None:
+            self._v_table = {}
+        if n not in self._v_table:
+            self._v_table[n] = self._estimate_v(n)
+        return self._v_table[n]
+
+    def _estimate_v(self, n: int) -> float:
+        step = self.step_seconds
+        measured = {m: self._target[m].estimate() / step for m in self.measured_sizes()
+                    if m > 1} if step else {}
+        if n in measured:
+            ratio = measured[n]
+        elif measured:
+            ratio = self._between(n, {1: 1.0, **measured})
+        elif self.prior_v:
+            ratio = self._between(n, {1: 1.0, **self.prior_v})
+        else:
+            ratio = float(n)  # nothing known: assume no batching gain at all
+        # A longer pass never costs less than a shorter one.
+        floor = self.v(n - 1) if n > 2 else 1.0
+        return _clamp(ratio, floor, float(n))
+
+    def _between(self, n: int, points: dict[int, float]) -> float:
+        """v(n) from known ``points``: linear between them; past the largest, on
+        the line through (1, 1) and it, or along the prior's shape where that
+        grows faster (on CPUs v(n) bends upwards)."""
+        sizes = sorted(points)
+        below = max(s for s in sizes if s <= n)
+        above = [s for s in sizes if s >= n]
+        if above:
+            hi = above[0]
+            if hi == below:
+                return points[hi]
+            weight = (n - below) / (hi - below)
+            return points[below] + weight * (points[hi] - points[below])
+        top = sizes[-1]
+        line = 1.0 + (points[top] - 1.0) / (top - 1) * (n - 1) if top > 1 else float(n)
+        prior_n, prior_top = self.prior_v.get(n), self.prior_v.get(top)
+        if prior_n and prior_top and prior_top > 1.0 and top > 1:
+            return max(line, 1.0 + (points[top] - 1.0) * (prior_n - 1.0) / (prior_top - 1.0))
+        return line
+
+    def c(self, name: str) -> float:
+        """Time of one drafter step / time of one plain step."""
+        step, own = self.step_seconds, self._step.get(name)
+        if step and own and own.values:
+            return _clamp(own.estimate() / step, 0.0, 1.0)
+        # Never measured: assume it is cheap, so that it gets tried, and measured.
+        return self.prior_c.get(name, 0.0)
+
+    def catch_up(self, name: str, tokens: int) -> float:
+        """Time for a draft model to catch up on ``tokens`` committed tokens / one plain step."""
+        return self.c(name) * self.v(tokens) if tokens > 0 else 0.0
+
+    def as_prior(self, sizes: Sequence[int] = CALIBRATION_SIZES) -> dict:
+        """The current estimates as ratios: what the calibration file keeps."""
+        names = set(self._step) | set(self.prior_c)
+        return {"v": {str(n): self.v(n) for n in sorted(set(sizes) | set(self.measured_sizes()))},
+                "c": {name: self.c(name) for name in names},
+                "step_seconds": self.step_seconds}
+
+
+def _clamp(value: float, low: float, high: float) -> float:
+    return min(max(value, low), high)
+
+
+# -- calibration --------------------------------------------------------------------------
+
+
+def calibrate(target: Backend, drafts: Sequence[tuple[str, Backend]], *,
+              sizes: Sequence[int] = CALIBRATION_SIZES,
+              repeats: int = CALIBRATION_REPEATS) -> CostModel:
+    """Time target passes of ``sizes`` tokens and one-token drafter steps,
+    interleaved (so a busy moment hits all alike).
+
+    Each kind gets one warm-up pass (discarded) and ``repeats`` timed ones,
+    read by their median. Runs on a short dummy context and leaves the caches
+    empty, also when interrupted.
+    """
+    cost = CostModel()
+    token = 0 if target.vocab.bos_token_id is None else target.vocab.bos_token_id
+    context = [token] * 16
+
+    def timed(backend: Backend, n: int) -> float:
+        start = time.perf_counter()
+        backend.forward([token] * n)
+        seconds = time.perf_counter() - start
+        backend.rewind(len(context))
+        return seconds
+
+    try:
+        for backend in [target] + [b for _, b in drafts]:
+            backend.rewind(0)
+            backend.forward(context, last_only=True)
+        for _ in range(repeats + 1):
+            for n in sorted(set(sizes) | {1}):
+                cost.observe_target(n, timed(target, n))
+            for name, backend in drafts:
+                cost.observe_draft(name, 1, timed(backend, 1))
+    finally:
+        target.rewind(0)
+        for _, backend in drafts:
+            backend.rewind(0)
+    return cost
+
+
+def calibration_key(target: Backend, draft: Backend | None) -> str:
+    """Identifies a model pair on this machine, for the calibration cache."""
+    parts = [platform.node(), platform.machine(), platform.processor()]
+    for backend in (target, draft):
+        if backend is None:
+            continue
+        path = getattr(backend, "path", None)
+        size = os.path.getsize(path) if path and os.path.exists(path) else 0
+        parts += [type(backend).__name__, str(path or backend.name), str(size),
+                  str(getattr(backend, "n_threads", "")), str(getattr(backend, "n_gpu_layers", ""))]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+def calibration_path(target: Backend, draft: Backend | None) -> Path:
+    """Where the costs of this pair on this machine are cached."""
+    from .models import edgespec_home
+    return edgespec_home() / "calibration" / f"v2-{calibration_key(target, draft)}.json"
+
+
+def load_calibration(path: Path) -> dict | None:
+    """The cached ratios at ``path`` (None if missing or unreadable)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("v"), dict):
+        return None
+    try:  # the CostModel clamps; here only check that the numbers are numbers
+        for table in ("v", "c"):
+            {str(k): float(v) for k, v in data.get(table, {}).items()}
+    except (TypeError, ValueError, AttributeError):
+        return None
+    return data
+
+
+def prior_for(target: Backend, drafts: Sequence[tuple[str, Backend]]) -> dict:
+    """The cached prior of this pair, or a new calibration (then cached)."""
+    path = calibration_path(target, drafts[0][1] if drafts else None)
+    prior = load_calibration(path)
+    if prior and all(name in prior.get("c", {}) for name, _ in drafts):
+        return prior
+    prior = calibrate(target, drafts).as_prior()
+    save_calibration(prior, path)
+    return prior
+
+
+def save_calibration(prior: dict, path: Path) -> None:
+    """Write ``prior`` atomically (a read-only home only costs a calibration next time)."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(prior))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+# -- saved bench profiles ------------------------------------------------------------------
+
+
+def profile_path(target: str) -> Path:
+    """Where the saved pairing of a target lives."""
+    from .models import edgespec_home
+    key = Path(target).name.replace("/", "_")
+    return edgespec_home() / "profiles" / f"{key}.json"
+
+
+def save_profile(target: str, recommendation: dict) -> Path | None:
+    """Store the pairing ``edgespec bench`` recommends for ``target`` (None: plain won)."""
+    if recommendation["mode"] == "plain":
+        return None
+    path = profile_path(target)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"target": target, "draft": recommendation["drafter"],
+                                "num_draft": recommendation["num_draft"],
+                                "speedup": recommendation["speedup"],
+                                "measured": time.strftime("%Y-%m-%d %H:%M")}, indent=1))
+    return path
+
+
+def load_profile(target: str) -> dict | None:
+    """The saved pairing of ``target``, if ``edgespec bench --save-profile`` stored one."""
+    try:
+        return json.loads(profile_path(target).read_text())
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,128 @@
+"""The planning interface: the engine asks, a planner decides, a drafter proposes.
+
+Each round the engine asks its planner for a :class:`Proposal` (a drafter and
+how many tokens it may draft), times the drafter's catch-up and proposal,
+hands the planner that :class:`DraftReport` and learns how much of the draft
+to verify (nothing: ask the planner again; it may offer the next drafter on
+its list, or nothing, which makes the round a plain step). After the target's
+pass the planner hears the :class:`RoundResult`. A planner only ever sees these
+plain facts; it never reaches into a drafter or a model.
+
+:class:`FixedPlanner` is the fixed-k planner; the adaptive one (auto mode) is
+:class:`edgespec.policy.AdaptivePlanner`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import numpy as np
+
+from .drafters.base import Draft, Drafter
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """Ask ``drafter`` for up to ``num_draft`` tokens. ``probe``: the planner
+    expects this to lose on what it knows so far, but tries it to learn more."""
+
+    drafter: Drafter
+    num_draft: int
+    probe: bool = False
+
+
+@dataclass(frozen=True)
+class DraftReport:
+    """What came of a proposal: the draft, and what producing it took."""
+
+    proposal: Proposal
+    draft: Draft
+    caught_up: int            # committed tokens the drafter evaluated first (its prefill)
+    catch_up_seconds: float
+    draft_seconds: float      # the proposal itself
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    """One target pass and what it committed.
+
+    ``drafter`` is the name of the drafter whose draft was verified (None: a
+    plain step). ``target_seconds`` covers the pass over ``target_tokens``
+    tokens and the verification of its rows. ``target_top_probs`` holds the
+    target's top probability at each committed token (at temperature 0, of
+    its softmax), a fact about the text that needs no drafter to learn.
+    """
+
+    drafter: str | None
+    bucket: str | None
+    num_drafted: int
+    num_accepted: int
+    target_tokens: int
+    target_seconds: float
+    target_top_probs: np.ndarray
+
+    @property
+    def num_committed(self) -> int:
+        return self.num_accepted + 1
+
+
+class Planner(Protocol):
+    """Decides, round by round, which drafter drafts and how far."""
+
+    max_draft: int  # the longest draft it ever asks for
+    drafters: list[Drafter]  # every drafter it may ask (the engine prefills and rewinds them)
+    name: str  # how stats name the drafting: a drafter's name, "auto(...)" or "none"
+
+    def begin(self, context: Sequence[int]) -> None:
+        """A generation starts after ``context``; every drafter has been prefilled."""
+
+    def plan(self, context: Sequence[int], limit: int) -> Proposal | None:
+        """The next proposal to try this round (at most ``limit`` tokens), or None."""
+
+    def review(self, report: DraftReport) -> Proposal | None:
+        """What of the reported draft to verify: its first ``num_draft`` tokens
+        (``probe`` as in :class:`Proposal`), or None for none of it."""
+
+    def observe(self, result: RoundResult) -> None:
+        """Learn from a finished round; the next :meth:`plan` starts a new round."""
+
+    def close(self) -> None:
+        """The engine is closing: keep what is worth keeping (e.g. measured costs)."""
+
+
+class FixedPlanner:
+    """Always the same drafter and k (or plain decoding without a drafter)."""
+
+    def __init__(self, drafter: Drafter | None, num_draft: int):
+        if not (isinstance(num_draft, int) and num_draft >= 1):
+            raise ValueError(f"invalid num_draft={num_draft!r}: must be an integer >= 1 or 'auto'")
+        self.drafter = drafter
+        self.max_draft = num_draft
+        self._asked = False
+
+    @property
+    def drafters(self) -> list[Drafter]:
+        return [self.drafter] if self.drafter is not None else []
+
+    @property
+    def name(self) -> str:
+        return self.drafter.name if self.drafter is not None else "none"
+
+    def begin(self, context: Sequence[int]) -> None:
+        self._asked = False
+
+    def plan(self, context: Sequence[int], limit: int) -> Proposal | None:
+        if self._asked or self.drafter is None:
+            return None
+        self._asked = True
+        return Proposal(self.drafter, min(limit, self.max_draft))
+
+    def review(self, report: DraftReport) -> Proposal | None:
+        return Proposal(self.drafter, len(report.draft)) if report.draft.token_ids else None
+
+    def observe(self, result: RoundResult) -> None:
+        self._asked = False
+
+    def close(self) -> None:
+        pass

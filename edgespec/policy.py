@@ -1,0 +1,409 @@
+"""Auto mode: before each round, pick a drafter and k, or decode plainly.
+
+Expected speed of a round, in tokens per plain target step (DESIGN.md):
+
+    S(k) = E(k) / (k·c + v(k+1)),   E(k) = 1 + Σ_{j=1..k} Π_{i<=j} α_i
+
+where c is the drafter's step cost and v(n) the target's n-token pass, both in
+plain steps (:mod:`edgespec.costs` measures them in this run), and α_i the
+probability that draft position i is accepted given the ones before it were.
+Plain decoding has S = 1. A draft model that stops early when unsure also has
+an offer rate per position (how often it drafts there at all); its prior is
+how often the target itself was that sure of the tokens it committed. A draft
+model that sat out some rounds must first catch up; that counts too.
+
+α and the offer rates are tracked per drafter, and per kind of draft where a
+drafter classes its drafts (prompt lookup by match length), as a prior plus
+exponentially weighted evidence, so they follow the content. Decisions add a
+little optimism (a fraction of a standard error), so a drafter that may pay
+is tried until the evidence says otherwise; evidence ages while a drafter is
+not tried, so a losing one is tried again now and then. And the costs the
+decision rests on must be this run's own: while a drafter's cost or the
+verify cost has not been measured lately, it is retried (with a back-off
+that grows while retries lose, so regret stays bounded), and a plain step
+is taken now and then to keep the plain step's own cost fresh.
+
+Choosing the proposal from past rounds only (never from the target's output
+for the round being verified) keeps the acceptance rule exact.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from .costs import CostModel, save_calibration
+from .drafters.base import Drafter
+from .planner import DraftReport, Proposal, RoundResult
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """The tunables of auto mode (tuned on the built-in tuning prompt sets with
+    ``scripts/policy_sim.py``, then measured with ``edgespec bench``)."""
+
+    max_draft: int = 8            # the longest draft auto mode proposes
+    draft_p_min: float = 0.7      # a draft model stops below this top probability
+    decay: float = 0.95           # weight of the past in the acceptance estimates
+    prior_weight: float = 3.0     # pseudo-observations behind a prior acceptance rate
+    aging: float = 0.99           # evidence kept per round in which a drafter was not tried
+    optimism: float = 0.35        # standard errors added to α when deciding (explores the unsure)
+    thompson: bool = False        # explore by drawing α from its posterior instead of optimism
+    seed: int = 0                 # of the planner's own random draws (never the sampler's)
+    min_gain: float = 1.04        # speculate when expected to beat plain by this much
+    probe_gain: float = 1.04      # ... or, as a probe, when it might (with optimism)
+    model_prior: float = 0.95     # α of a draft model before evidence
+    offer_weight: float = 6.0     # pseudo-observations behind a draft model's offer rate
+    confidence_prior: float = 0.4  # the target's confidence before any token
+    confidence_weight: float = 2.0
+    # α before evidence, by drafter and kind of draft. Prompt lookup: a 2-token match is
+    # often a coincidence, an 8-token one usually a copy in progress.
+    priors: dict[str, float] = field(default_factory=lambda: {
+        "lookup": 0.5, "lookup:match2": 0.3, "lookup:match3": 0.4,
+        "lookup:match4": 0.6, "lookup:match8": 0.8})
+    # A draft that continues a copy is accepted whole or cut at one point: the α of a
+    # later position, given the ones before it were accepted, starts from this.
+    continuation_prior: float = 0.9
+    catch_up_rounds: float = 1.0  # rounds a draft model's catch-up is spread over
+    cheap_drafter: float = 0.05   # a drafter cheaper than this (c) is asked for all it has
+    retry_after: int = 32         # rounds before a drafter whose costs are unmeasured is retried
+    retry_max: int = 512          # the longest back-off between losing retries
+    retry_budget: float = 1.0     # plain steps a retry's catch-up may cost
+    stale_after: int = 256        # rounds after which a measured cost counts as unmeasured
+    refresh_plain_after: int = 128  # rounds between plain steps that re-measure the plain step
+
+
+class _Rates:
+    """Per-position success rates: a prior plus exponentially weighted evidence.
+
+    rate_i = (hits_i + w·prior_i) / (trials_i + w), so a few rounds move it
+    away from the prior and old rounds fade (``decay`` per observation). The
+    prior of position 0 is ``prior``; of a later position, ``later_prior``
+    if given, else the estimate of the position before it.
+    """
+
+    def __init__(self, prior: float, weight: float, decay: float, later_prior: float | None = None):
+        self.prior, self.weight, self.decay, self.later_prior = prior, weight, decay, later_prior
+        self.hits: list[float] = []
+        self.trials: list[float] = []
+
+    def observe(self, position: int, hit: bool) -> None:
+        while position >= len(self.trials):
+            self.hits.append(0.0)
+            self.trials.append(0.0)
+        self.hits[position] = self.decay * self.hits[position] + (1.0 if hit else 0.0)
+        self.trials[position] = self.decay * self.trials[position] + 1.0
+
+    def age(self, factor: float) -> None:
+        self.hits = [h * factor for h in self.hits]
+        self.trials = [t * factor for t in self.trials]
+
+    def estimates(self, k: int, optimism: float = 0.0, prior: float | None = None,
+                  rng: np.random.Generator | None = None) -> list[float]:
+        """Rates of positions 0..k-1, plus ``optimism`` standard errors (capped at 1);
+        with ``rng``, a draw from each rate's Beta posterior instead (Thompson sampling).
+
+        ``prior`` replaces the prior of position 0.
+        """
+        result, prior = [], self.prior if prior is None else prior
+        for i in range(k):
+            trials = self.trials[i] if i < len(self.trials) else 0.0
+            hits = self.hits[i] if i < len(self.hits) else 0.0
+            n = trials + self.weight
+            mean = (hits + self.weight * prior) / n
+            if rng is not None:
+                result.append(float(rng.beta(max(mean * n, 1e-3), max((1 - mean) * n, 1e-3))))
+            else:
+                result.append(min(1.0, mean + optimism * math.sqrt(mean * (1 - mean) / n)))
+            prior = mean if self.later_prior is None else self.later_prior
+        return result
+
+
+class AcceptanceTracker:
+    """What a drafter's rounds yield, per draft position.
+
+    Two rates per position i: whether the drafter offers a token there at all
+    (a draft model stops early when its own top probability is low), and
+    whether the target accepts it, given the drafts before it were accepted.
+    """
+
+    def __init__(self, config: PolicyConfig, prior: float, *, later_prior: float | None = None,
+                 parent: "AcceptanceTracker | None" = None, offer_parent: _Rates | None = None):
+        self.config = config
+        self.accept = _Rates(prior, config.prior_weight, config.decay, later_prior)
+        self.offer = _Rates(1.0, config.offer_weight, config.decay)
+        # A tracker pooled over the kinds of one drafter's drafts: its estimate pulls
+        # this one's prior, so that when lookup copies well here, short matches are tried too.
+        self.parent = parent
+        # A rate whose estimate is the prior of the offer rate (the target's confidence).
+        self.offer_parent = offer_parent
+
+    def _accept(self, k: int, optimism: float, rng=None) -> list[float]:
+        prior = None
+        if self.parent is not None:
+            prior = (self.accept.prior + self.parent.accept.estimates(1)[0]) / 2
+        return self.accept.estimates(k, optimism, prior, rng)
+
+    def _offers(self, k: int, optimism: float, rng=None) -> list[float]:
+        prior = None if self.offer_parent is None else self.offer_parent.estimates(1)[0]
+        return self.offer.estimates(k, optimism, prior, rng)
+
+    def update(self, drafted: int, accepted: int, stopped: bool = False) -> None:
+        """A round that drafted ``drafted`` tokens (``stopped``: it wanted to draft
+        more but stopped for low confidence) of which ``accepted`` were accepted."""
+        for i in range(drafted):
+            self.offer.observe(i, True)
+        if stopped:
+            self.offer.observe(drafted, False)
+        # Positions after the first rejection were never tested: leave them alone.
+        for i in range(min(drafted, accepted + 1)):
+            self.accept.observe(i, i < accepted)
+
+    def age(self) -> None:
+        """Trust the evidence a little less (the drafter was not tried this round)."""
+        self.accept.age(self.config.aging)
+        self.offer.age(self.config.aging)
+
+    @property
+    def alpha(self) -> list[float]:
+        """The acceptance estimates of the positions tested so far."""
+        return self._accept(len(self.accept.trials), 0.0)
+
+    def expected_tokens(self, k: int, optimism: float = 0.0) -> float:
+        """E(k): committed tokens of a round of up to k drafts (the +1 is the target's own)."""
+        total, reach = 1.0, 1.0
+        for a, g in zip(self._accept(k, optimism), self._offers(k, optimism)):
+            reach *= a * g
+            total += reach
+        return total
+
+    def expected_speeds(self, k_max: int, c: float, v, overhead: float = 0.0,
+                        optimism: float = 0.0, rng: np.random.Generator | None = None) -> list[float]:
+        """Committed tokens per plain step of a round of up to k drafts, for k = 1..k_max.
+
+        The drafter runs while it offers tokens (c per step, the first always);
+        the target verifies what was offered, v(1 + n) (a plain step when n = 0).
+        ``overhead``: a catch-up the round pays first, in plain steps. ``optimism``
+        and ``rng`` as for :meth:`_Rates.estimates`.
+        """
+        accepts, offers = self._accept(k_max, optimism, rng), self._offers(k_max, optimism, rng)
+        speeds = []
+        tokens, reach = 1.0, 1.0     # E(k) so far; P(positions 0..k-1 all accepted)
+        spent, through = overhead + c, 1.0  # cost of the rounds that stopped before k; P(offered 0..k-1)
+        for k in range(1, k_max + 1):
+            n = k - 1  # the position this k adds
+            reach *= accepts[n] * offers[n]
+            tokens += reach
+            spent += through * (1.0 - offers[n]) * v(1 + n)  # it stopped at position n
+            through *= offers[n]
+            speeds.append(tokens / (spent + through * v(1 + k)))
+            spent += through * c  # the drafter step for position k, if k grows
+        return speeds
+
+
+@dataclass
+class _DrafterState:
+    """What the planner remembers of one drafter across rounds."""
+
+    behind: int = 0            # committed tokens since it last caught up
+    since_retry: float = math.inf  # rounds since it was last retried
+    retry_after: int = 0       # back-off between retries while its costs are unmeasured
+    retrying: bool = False     # the round in flight is such a retry
+
+
+class AdaptivePlanner:
+    """Auto mode over a list of drafters (asked in order; the first whose draft
+    pays wins the round), choosing k to maximise E / (k·c + v(k+1)).
+
+    Keeps its estimates across generations: an engine (and so a chat) learns
+    what its drafters are worth on this conversation once, not every turn.
+    """
+
+    def __init__(self, drafters: Sequence[Drafter], cost: CostModel | None = None,
+                 config: PolicyConfig | None = None, *, save_costs_to: Path | None = None):
+        self.drafters = list(drafters)
+        self.cost = cost or CostModel()
+        self.save_costs_to = save_costs_to  # where close() keeps this run's costs
+        self.config = config or PolicyConfig()
+        self.max_draft = self.config.max_draft
+        self.trackers: dict[str, AcceptanceTracker] = {}
+        # How often the target is itself confident (top probability at least the draft
+        # model's threshold) about the tokens it commits: known for every token at no
+        # cost, and close to how often the draft model offers a token at all, so it is
+        # that rate's prior (a draft model is not asked over and over in hard text).
+        self.confidence = _Rates(self.config.confidence_prior, self.config.confidence_weight,
+                                 self.config.decay)
+        self._state = {d.name: _DrafterState(retry_after=self.config.retry_after)
+                       for d in self.drafters}
+        self._asked: set[str] = set()  # drafters asked this round
+        self._caught_up: set[str] = set()  # ... and of those, the ones that drafted
+        self._verifying: tuple[str, str | None, bool] | None = None  # drafter, bucket, stopped
+        self._draft_seconds = 0.0  # spent drafting in the round in flight
+        self._rng = np.random.default_rng(self.config.seed)
+
+    @property
+    def name(self) -> str:
+        return "auto(" + "+".join(d.name for d in self.drafters) + ")"
+
+    def tracker(self, key: str) -> AcceptanceTracker:
+        """The acceptance tracker of a drafter (``name``) or of one kind of its drafts
+        (``name:bucket``)."""
+        if key not in self.trackers:
+            cfg = self.config
+            name, _, bucket = key.partition(":")
+            if bucket:
+                self.trackers[key] = AcceptanceTracker(
+                    cfg, cfg.priors.get(key, cfg.priors.get(name, cfg.model_prior)),
+                    later_prior=cfg.continuation_prior, parent=self.tracker(name))
+            else:
+                self.trackers[key] = AcceptanceTracker(
+                    cfg, cfg.priors.get(name, cfg.model_prior), offer_parent=self.confidence)
+        return self.trackers[key]
+
+    # -- the planner interface -------------------------------------------------------
+
+    def begin(self, context: Sequence[int]) -> None:
+        for state in self._state.values():
+            state.behind = 0  # the engine prefilled every drafter
+        self._asked.clear()
+
+    def plan(self, context: Sequence[int], limit: int) -> Proposal | None:
+        cost = self.cost
+        if cost.plain_steps_measured() < 2 or cost.rounds_since_plain_step() > self.config.refresh_plain_after:
+            return None  # measure the plain step now and then: every cost is relative to it
+        # Measure before leaping: no pass more than about twice as long as any this run
+        # has timed, so a cached claim that long passes are cheap costs little if wrong.
+        limit = min(limit, self.max_draft, 2 * max(cost.measured_sizes()))
+        for drafter in self.drafters:
+            if drafter.name in self._asked:
+                continue
+            self._asked.add(drafter.name)
+            if self.cost.c(drafter.name) < self.config.cheap_drafter:
+                return Proposal(drafter, limit)  # asking costs nothing: decide on the draft
+            k, probe = self._decide(drafter.name, drafter.name, limit)
+            if k:
+                return Proposal(drafter, k, probe)
+        return None
+
+    def review(self, report: DraftReport) -> Proposal | None:
+        proposal, draft = report.proposal, report.draft
+        name = proposal.drafter.name
+        self._observe_draft_cost(name, report)
+        self._draft_seconds += report.catch_up_seconds + report.draft_seconds
+        self._caught_up.add(name)
+        stopped = draft.bucket is None and len(draft) < proposal.num_draft
+        if not draft.token_ids:
+            if stopped:  # a draft model unsure of even its first token
+                self.tracker(name).update(0, 0, stopped=True)
+            return None
+        verified = Proposal(proposal.drafter, len(draft), proposal.probe)
+        if draft.bucket is not None:  # decide now that the kind of draft is known
+            keep, probe = self._decide(f"{name}:{draft.bucket}", name, len(draft))
+            if not keep:
+                return None
+            verified = Proposal(proposal.drafter, keep, probe)
+        self._verifying = (name, draft.bucket, stopped and verified.num_draft == len(draft))
+        return verified
+
+    def observe(self, result: RoundResult) -> None:
+        cfg = self.config
+        self.cost.observe_target(result.target_tokens, result.target_seconds)
+        self.confidence_update(result.target_top_probs)
+        verified = self._verifying[0] if self._verifying and result.drafter else None
+        if verified is not None:
+            name, bucket, stopped = self._verifying
+            self.tracker(name).update(result.num_drafted, result.num_accepted, stopped)
+            if bucket is not None:
+                self.tracker(f"{name}:{bucket}").update(result.num_drafted, result.num_accepted)
+        for drafter in self.drafters:
+            state = self._state[drafter.name]
+            if drafter.name == verified:  # it holds its accepted drafts: 1 or 2 tokens to go
+                state.behind = 1 + (result.num_accepted == result.num_drafted)
+            else:
+                state.behind = (0 if drafter.name in self._caught_up else state.behind) \
+                    + result.num_committed
+            state.since_retry += 1
+            if state.retrying:  # back off further while retries lose
+                seconds = result.target_seconds + self._draft_seconds
+                won = drafter.name == verified and \
+                    result.num_committed * (self.cost.step_seconds or seconds) > seconds
+                state.retry_after = cfg.retry_after if won else min(2 * state.retry_after, cfg.retry_max)
+                state.retrying = False
+        self._asked.clear()
+        self._caught_up.clear()
+        self._verifying = None
+        self._draft_seconds = 0.0
+
+    def close(self) -> None:
+        """Keep this run's measured costs as the next run's prior (only if it measured)."""
+        if self.save_costs_to is not None and self.cost.step_seconds is not None:
+            save_calibration(self.cost.as_prior(), self.save_costs_to)
+
+    def confidence_update(self, top_probs: np.ndarray) -> None:
+        """Learn whether the target was confident about each token it committed."""
+        for top in np.asarray(top_probs).reshape(-1):
+            self.confidence.observe(0, bool(top >= self.config.draft_p_min))
+
+    # -- decisions --------------------------------------------------------------------------
+
+    def best_k(self, key: str, cost_name: str, limit: int, *, behind: int = 0,
+               optimism: float = 0.0, rng: np.random.Generator | None = None) -> tuple[int, float]:
+        """The k (1..limit) with the highest expected speed, and that speed."""
+        tracker, c = self.tracker(key), self.cost.c(cost_name)
+        # A draft model that sat out rounds first catches up on them (batched).
+        # It pays that once to draft for the rounds after it too: spread it over them.
+        overhead = self.cost.catch_up(cost_name, behind) / self.config.catch_up_rounds \
+            if behind > 2 else 0.0
+        k_max = min(limit, self.max_draft)
+        if k_max < 1:
+            return 0, 1.0
+        v = [0.0] + [self.cost.v(n) for n in range(1, k_max + 2)]
+        speeds = tracker.expected_speeds(k_max, c, v.__getitem__, overhead, optimism, rng)
+        k = int(np.argmax(speeds)) + 1
+        return k, speeds[k - 1]
+
+    def _decide(self, key: str, name: str, limit: int) -> tuple[int, bool]:
+        """How far drafter ``name`` should draft (tracked under ``key``), and whether
+        that is a probe; (0, False) for not at all."""
+        cfg, state = self.config, self._state[name]
+        k, speed = self.best_k(key, name, limit, behind=state.behind)
+        if speed >= cfg.min_gain:
+            return k, False
+        if cfg.thompson:  # a plausible α drawn from the evidence: tried as often as it may win
+            k, hope = self.best_k(key, name, limit, behind=state.behind, rng=self._rng)
+        else:
+            k, hope = self.best_k(key, name, limit, behind=state.behind, optimism=cfg.optimism)
+        if hope >= cfg.probe_gain:
+            return k, True
+        # The decision rests on costs this run has not measured (lately): retry now and
+        # then, so that a wrong cached number is corrected instead of locking this off,
+        # but only while a catch-up is cheap (a draft model that sat out long is not).
+        if self.cost.rounds_since_measured(name) > cfg.stale_after \
+                and state.since_retry >= state.retry_after \
+                and (state.behind <= 2 or self.cost.catch_up(name, state.behind) <= cfg.retry_budget):
+            state.retrying, state.since_retry = True, 0
+            return k, True
+        self.tracker(key).age()
+        return 0, False
+
+    def _observe_draft_cost(self, name: str, report: DraftReport) -> None:
+        """Drafter step and catch-up costs from a timed proposal."""
+        draft = report.draft
+        steps = max(1, len(draft) + (len(draft) < report.proposal.num_draft and draft.bucket is None))
+        if report.caught_up > 2:  # a catch-up after sitting out: not a drafting step
+            if steps > 1:
+                self.cost.observe_draft(name, steps - 1, report.draft_seconds)
+        else:  # the usual one or two tokens: the first drafting step
+            self.cost.observe_draft(name, steps, report.catch_up_seconds + report.draft_seconds)
+
+
+def auto_drafters(drafter: Drafter | None, lookup: Drafter) -> list[Drafter]:
+    """The drafters auto mode consults, cheapest first: prompt lookup (always on
+    offer: asking costs nothing), then the given drafter unless it is lookup."""
+    if drafter is None or drafter.name == lookup.name:
+        return [drafter or lookup]
+    return [lookup, drafter]

@@ -1,0 +1,97 @@
+"""Cost estimates: robust to outliers and load, clamped to the plausible, this run's own."""
+
+import json
+
+import pytest
+
+from edgespec.backends.toy import ToyBackend
+from edgespec.costs import CostModel, calibrate, load_calibration, prior_for, save_calibration
+
+
+def feed(cost: CostModel, seconds_by_size: dict[int, float], times: int = 5) -> None:
+    for _ in range(times):
+        for n, seconds in seconds_by_size.items():
+            cost.observe_target(n, seconds)
+
+
+def test_v_is_a_ratio_of_medians_and_ignores_a_slow_outlier():
+    cost = CostModel()
+    cost.observe_target(3, 0.9)  # a slow first pass (warm-up), as a ratio 9x
+    feed(cost, {1: 0.1, 3: 0.2})
+    assert cost.v(3) == pytest.approx(2.0)
+    assert cost.v(2) == pytest.approx(1.5)  # between measured sizes: linear
+
+
+def test_one_or_two_samples_are_read_by_the_smaller():
+    cost = CostModel()
+    cost.observe_target(1, 0.5)   # busy moment
+    cost.observe_target(1, 0.1)
+    cost.observe_target(2, 0.15)
+    assert cost.step_seconds == pytest.approx(0.1)
+    assert cost.v(2) == pytest.approx(1.5)
+
+
+def test_ratios_survive_a_machine_that_gets_slower_for_both_passes():
+    cost = CostModel()
+    feed(cost, {1: 0.1, 5: 0.3})
+    calm = cost.v(5)
+    feed(cost, {1: 0.3, 5: 0.9}, times=9)  # three times slower, both sizes alike
+    assert cost.v(5) == pytest.approx(calm)
+
+
+def test_implausible_values_are_clamped():
+    cost = CostModel({"v": {"2": 6.0, "5": 0.5}, "c": {"draft": 6.0}})
+    assert cost.v(2) == 2.0            # v(n) <= n
+    assert 1.0 <= cost.v(5) <= 5.0     # v(n) >= 1, and never below a shorter pass
+    assert cost.v(5) >= cost.v(2)
+    assert cost.c("draft") == 1.0      # a draft step costs at most a target step
+    assert cost.catch_up("draft", 4) <= 4.0
+    feed(cost, {1: 0.1, 2: 0.5})       # measured v(2) = 5: still at most 2
+    assert cost.v(2) == 2.0
+
+
+def test_one_run_of_evidence_replaces_the_prior():
+    cost = CostModel({"v": {"2": 1.0, "3": 1.0, "5": 1.0, "9": 1.0}, "c": {"draft": 0.0}})
+    assert cost.v(9) == 1.0 and cost.c("draft") == 0.0
+    feed(cost, {1: 0.1, 3: 0.25})
+    cost.observe_draft("draft", 2, 0.1)
+    assert cost.v(3) == pytest.approx(2.5)
+    # Past the largest size measured: at least the line through (1, 1) and (3, 2.5).
+    assert cost.v(9) >= 1 + 0.75 * 8 - 1e-9
+    assert cost.c("draft") == pytest.approx(0.5)
+
+
+def test_staleness_is_counted_in_target_passes():
+    cost = CostModel()
+    assert cost.rounds_since_measured("draft") == float("inf")
+    feed(cost, {1: 0.1, 3: 0.2}, times=1)
+    cost.observe_draft("draft", 1, 0.02)
+    assert cost.rounds_since_measured("draft") == 0
+    feed(cost, {1: 0.1}, times=10)
+    assert cost.rounds_since_measured("draft") == 10
+    assert cost.rounds_since_plain_step() == 0
+
+
+def test_calibration_measures_every_size_and_leaves_caches_empty():
+    target = ToyBackend.random(8, seed=1)
+    draft = target.perturbed(noise=0.1, seed=3)
+    cost = calibrate(target, [("toy-draft", draft)], sizes=(1, 3), repeats=2)
+    assert cost.measured_sizes() == [1, 3] and cost.c("toy-draft") > 0
+    assert target.n_past == 0 and draft.n_past == 0
+    assert 1.0 <= cost.v(3) <= 3.0
+
+
+def test_calibration_file_round_trip_and_bad_files(tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    target = ToyBackend.random(8, seed=1)
+    draft = target.perturbed(noise=0.1, seed=3)
+    prior = prior_for(target, [("toy-draft", draft)])  # calibrates, then caches
+    files = list((tmp_path / "calibration").glob("*.json"))
+    assert len(files) == 1 and load_calibration(files[0]) == json.loads(files[0].read_text())
+    assert "toy-draft" in prior["c"]
+    files[0].write_text("{not json")
+    assert load_calibration(files[0]) is None
+    files[0].write_text(json.dumps({"v": {"2": "fast"}}))
+    assert load_calibration(files[0]) is None
+    save_calibration({"v": {"2": 1.5}, "c": {"toy-draft": 0.2}}, files[0])
+    assert prior_for(target, [("toy-draft", draft)])["v"] == {"2": 1.5}  # read, not re-measured

@@ -1,0 +1,305 @@
+"""Auto mode: the planner's choices, its cost handling, greedy equality and exactness.
+
+Toy models run on a simulated clock (each pass advances it by what a pass of
+that size costs), so the planner sees realistic, deterministic costs. Tests
+that depend on how much exploration the policy does pin a PolicyConfig.
+"""
+
+import numpy as np
+import pytest
+
+from edgespec import DraftModel, Engine, PromptLookup, SamplingParams
+from edgespec.backends.toy import SimClock, ToyBackend
+from edgespec.costs import CostModel, calibration_path, save_calibration
+from edgespec.drafters.base import Draft
+from edgespec.loading import auto_planner
+from edgespec.planner import DraftReport, Proposal, RoundResult
+from edgespec.policy import AcceptanceTracker, AdaptivePlanner, PolicyConfig
+from exactness import SIGNIFICANCE, chi_square_pvalue, exact_distribution, sample_continuations
+
+GREEDY = SamplingParams(temperature=0)
+STEP = 0.03  # seconds of a one-token target pass on the simulated clock
+
+
+def timed_pair(*, batch_grows: float, drafter_cost: float, noise: float, clock: SimClock,
+               target_seed: int = 5, scale: float = 2.0, vocab: int = 12):
+    """A toy target whose n-token pass costs (1 + batch_grows·(n-1)) steps, and a
+    draft model (its logits plus ``noise``) whose step costs ``drafter_cost`` steps."""
+    target = ToyBackend.random(vocab, seed=target_seed, scale=scale, clock=clock,
+                               step_seconds=STEP, token_seconds=batch_grows * STEP)
+    draft = target.perturbed(noise=noise, seed=6, clock=clock, step_seconds=drafter_cost * STEP,
+                             token_seconds=batch_grows * drafter_cost * STEP)
+    return target, DraftModel(draft)
+
+
+def true_prior(batch_grows: float, drafter_cost: float, name: str = "toy-draft") -> dict:
+    return {"v": {str(n): 1 + batch_grows * (n - 1) for n in (2, 3, 5, 9)}, "c": {name: drafter_cost}}
+
+
+def auto_engine(target, drafter, clock, prior=None, config=None, *, lookup=True):
+    drafters = [PromptLookup(max_ngram=8), drafter] if lookup else [drafter]
+    planner = AdaptivePlanner(drafters, CostModel(prior), config)
+    return Engine(target, drafter, num_draft="auto", planner=planner, clock=clock)
+
+
+def test_expected_tokens_follow_the_acceptance_rates():
+    tracker = AcceptanceTracker(PolicyConfig(), prior=0.5)
+    assert tracker.expected_tokens(0) == 1.0
+    assert tracker.expected_tokens(2) == pytest.approx(1 + 0.5 + 0.25)
+    for _ in range(200):
+        tracker.update(drafted=3, accepted=3)
+    assert all(a > 0.9 for a in tracker.alpha) and tracker.expected_tokens(3) > 3.5
+    for _ in range(200):
+        tracker.update(drafted=3, accepted=0)  # only position 0 was tested
+    assert tracker.alpha[0] < 0.1 and tracker.alpha[1] > 0.8  # untested: still high
+
+
+def test_a_drafter_that_stops_early_is_expected_to_yield_less():
+    config = PolicyConfig()
+    steady, hesitant = AcceptanceTracker(config, prior=0.9), AcceptanceTracker(config, prior=0.9)
+    for _ in range(50):
+        steady.update(drafted=2, accepted=2)
+        hesitant.update(drafted=0, accepted=0, stopped=True)  # not confident: drafted nothing
+        hesitant.update(drafted=2, accepted=2)
+    v = CostModel(true_prior(0.3, 0.3)).v
+    assert hesitant.offer.estimates(1)[0] < 0.7 < steady.offer.estimates(1)[0]
+    assert hesitant.expected_speeds(2, 0.3, v)[-1] < steady.expected_speeds(2, 0.3, v)[-1]
+
+
+def test_a_copy_in_progress_is_verified_far_and_a_coincidence_not_at_all():
+    """Lookup drafts are judged by their kind once proposed (here: match length)."""
+    config = PolicyConfig(optimism=0.0)
+    lookup = PromptLookup()
+    planner = AdaptivePlanner([lookup], CostModel(), config)
+    for n in (1, 1, 1, 5, 9):  # this run's passes: plain steps of 1 s, v(n) = 1 + 0.3 (n - 1)
+        planner.observe(RoundResult(None, None, 0, 0, n, 1 + 0.3 * (n - 1), np.ones(1)))
+    for _ in range(100):
+        planner.tracker("lookup:match8").update(8, 8)
+        planner.tracker("lookup:match2").update(4, 0)
+
+    def verified(bucket):
+        proposal = planner.plan([0], 8)
+        assert proposal is not None and proposal.drafter is lookup  # asking costs nothing
+        result = planner.review(DraftReport(proposal, Draft(list(range(8)), None, bucket), 0, 0.0, 0.0))
+        planner.observe(RoundResult(None, None, 0, 0, 1, 1.0, np.ones(1)))
+        return 0 if result is None else result.num_draft
+
+    assert verified("match8") >= 6
+    assert verified("match2") == 0
+
+
+@pytest.mark.parametrize("batch_grows, drafter_cost", [(0.05, 0.1), (1.0, 0.9)],
+                         ids=["speculation-pays", "speculation-loses"])
+def test_auto_greedy_equals_plain_and_speculates_only_where_it_pays(batch_grows, drafter_cost):
+    clock = SimClock()
+    target, drafter = timed_pair(batch_grows=batch_grows, drafter_cost=drafter_cost, noise=0.7,
+                                 clock=clock)
+    engine = auto_engine(target, drafter, clock, true_prior(batch_grows, drafter_cost))
+    prompt = [0, 1, 2, 3, 0, 1]
+    auto = engine.generate(prompt, GREEDY, max_tokens=120)
+    plain = engine.generate(prompt, GREEDY, max_tokens=120, speculative=False)
+    assert auto.token_ids == plain.token_ids
+    s = auto.stats
+    assert s.drafter == "auto(lookup+toy-draft)"
+    assert sum(s.rounds_per_drafter.values()) == s.rounds
+    if batch_grows < 0.5:
+        assert s.rounds_per_drafter.get("toy-draft", 0) > 0
+        assert s.tokens_per_second > 1.3 * plain.stats.tokens_per_second
+    else:
+        # A pass over n tokens costs n steps: nothing beats plain decoding, so only
+        # probes may draft, and they cost little.
+        assert s.rounds == s.probes
+        assert s.tokens_per_second > 0.97 * plain.stats.tokens_per_second
+
+
+def test_exactness_with_auto_on():
+    """Chi-square at significance 0.001, 20,000 samples of 3 tokens, fixed seed."""
+    clock = SimClock()
+    target, drafter = timed_pair(batch_grows=0.05, drafter_cost=0.1, noise=1.0, clock=clock,
+                                 target_seed=1, scale=1.5, vocab=8)
+    engine = auto_engine(target, drafter, clock, true_prior(0.05, 0.1))
+    params = SamplingParams(temperature=1.0)
+    prompt = [0, 1, 2, 0, 1]
+    expected = exact_distribution(target, prompt, params, 3)
+    counts, totals = sample_continuations(engine, prompt, params, 3, 20_000, seed=41)
+    assert chi_square_pvalue(counts, expected) > SIGNIFICANCE
+    # Both drafters took rounds.
+    assert totals.rounds_per_drafter.get("lookup", 0) > 0
+    assert totals.rounds_per_drafter.get("toy-draft", 0) > 0
+    assert 0 < totals.accepted < totals.drafted
+
+
+def test_a_poisoned_calibration_is_corrected_within_64_tokens(tmp_path, monkeypatch):
+    """The cached costs say a 2-token pass costs 6 steps and a draft step 6 (v(2) = 6,
+    c = 6); on this machine speculation pays. Auto speculates again within 64 tokens."""
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    clock = SimClock()
+    target, drafter = timed_pair(batch_grows=0.1, drafter_cost=0.1, noise=0.3, clock=clock,
+                                 scale=4.0)
+    save_calibration({"v": {"2": 6.0, "3": 6.0, "5": 6.0, "9": 6.0}, "c": {"toy-draft": 6.0}},
+                     calibration_path(target, drafter.backend))
+    engine = Engine(target, drafter, num_draft="auto", planner=auto_planner(target, drafter),
+                    clock=clock)
+    prompt = [0, 1, 2, 3]
+    auto = engine.generate(prompt, GREEDY, max_tokens=200)
+    plain = engine.generate(prompt, GREEDY, max_tokens=200, speculative=False)
+    assert auto.token_ids == plain.token_ids
+    first_draft = auto.from_draft.index(True)
+    assert first_draft < 64
+    # ... and keeps speculating: most tokens after that came in speculative rounds.
+    assert auto.stats.rounds > auto.stats.plain_steps
+    assert auto.stats.tokens_per_second > 1.2 * plain.stats.tokens_per_second
+
+
+def test_a_cost_file_claiming_speculation_is_free_costs_at_most_3_percent(tmp_path, monkeypatch):
+    """Cached costs say v(n) = 1 and a draft step costs nothing; in truth a pass over n
+    tokens costs n steps and the draft model is a poor guesser."""
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    clock = SimClock()
+    target, drafter = timed_pair(batch_grows=1.0, drafter_cost=0.5, noise=3.0, clock=clock)
+    save_calibration({"v": {"2": 1.0, "3": 1.0, "5": 1.0, "9": 1.0}, "c": {"toy-draft": 0.0}},
+                     calibration_path(target, drafter.backend))
+    engine = Engine(target, drafter, num_draft="auto", planner=auto_planner(target, drafter),
+                    clock=clock)
+    prompt = [0, 1, 2, 3, 4, 5]
+    auto = engine.generate(prompt, GREEDY, max_tokens=128)
+    plain = engine.generate(prompt, GREEDY, max_tokens=128, speculative=False)
+    assert auto.token_ids == plain.token_ids
+    assert auto.stats.tokens_per_second >= 0.97 * plain.stats.tokens_per_second
+
+
+def test_auto_keeps_what_it_learned_across_generations():
+    clock = SimClock()
+    target, drafter = timed_pair(batch_grows=0.05, drafter_cost=0.1, noise=0.5, clock=clock)
+    engine = auto_engine(target, drafter, clock, true_prior(0.05, 0.1))
+    planner = engine.planner
+    engine.generate([0, 1, 2], GREEDY, max_tokens=40)
+    trials = sum(planner.tracker("toy-draft").accept.trials)
+    assert trials > 0
+    engine.configure(drafter, "auto")  # same drafter, same mode: the evidence stays
+    engine.generate([3, 4, 5], GREEDY, max_tokens=40)
+    assert engine.planner is planner and sum(planner.tracker("toy-draft").accept.trials) > trials
+    engine.configure(None, "auto")  # another drafter: start afresh
+    assert engine.planner is not planner
+
+
+class RepeatLast:
+    """A third kind of drafter, added by implementing the protocol and listing it:
+    proposes the last committed token again, k times (deterministic: q one-hot)."""
+
+    name = "repeat"
+
+    def attach(self, target) -> None: ...
+
+    def prefill(self, context) -> int:
+        return 0
+
+    def propose(self, context, num_draft, params, rng) -> Draft:
+        return Draft([int(context[-1])] * num_draft)
+
+    def accepted(self, num_accepted) -> None: ...
+
+    def rewind(self, context) -> None: ...
+
+    def reset(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def test_a_third_drafter_needs_only_the_protocol_and_a_place_in_the_list():
+    clock = SimClock()
+    table = np.full((6, 6, 6), -4.0)
+    for prev in range(6):
+        for last in range(6):
+            table[prev, last, last] = 4.0  # the target mostly repeats itself
+    target = ToyBackend(table, clock=clock, step_seconds=STEP, token_seconds=0.1 * STEP)
+    planner = AdaptivePlanner([PromptLookup(), RepeatLast()], CostModel(true_prior(0.1, 0.0, "repeat")))
+    engine = Engine(target, None, num_draft="auto", planner=planner, clock=clock)
+    auto = engine.generate([1, 2, 3], GREEDY, max_tokens=60)
+    plain = engine.generate([1, 2, 3], GREEDY, max_tokens=60, speculative=False)
+    assert auto.token_ids == plain.token_ids
+    assert auto.stats.drafter == "auto(lookup+repeat)"
+    assert auto.stats.rounds_per_drafter.get("repeat", 0) + auto.stats.rounds_per_drafter.get("lookup", 0) > 5
+
+
+def test_low_confidence_stops_the_draft_early():
+    target = ToyBackend.random(12, seed=5, scale=0.2)  # flat distributions: low confidence
+    rng = np.random.default_rng(0)
+    drafter = DraftModel(target.perturbed(noise=0.0, seed=6), min_confidence=0.5)
+    assert drafter.propose([0, 1], 4, GREEDY, rng).token_ids == []
+    confident = DraftModel(ToyBackend.random(12, seed=5, scale=20.0), min_confidence=0.5)
+    assert len(confident.propose([0, 1], 4, GREEDY, rng).token_ids) == 4
+
+
+class CountingDraftModel(DraftModel):
+    """A real draft model that counts how often the engine asks it for a draft."""
+
+    calls = 0
+
+    def propose(self, *args, **kwargs):
+        self.calls += 1
+        return super().propose(*args, **kwargs)
+
+
+def test_auto_stops_asking_a_drafter_that_is_never_confident():
+    """A draft model that is never sure is asked far less often than one that is."""
+    config = PolicyConfig(draft_p_min=0.5)
+
+    def calls_of(sure: bool) -> int:
+        clock = SimClock()
+        target = ToyBackend.random(12, seed=5, scale=20.0, clock=clock, step_seconds=STEP,
+                                   token_seconds=0.3 * STEP)  # peaked: the target is sure
+        timing = dict(clock=clock, step_seconds=0.3 * STEP)
+        backend = target.perturbed(noise=0.5, seed=6, **timing) if sure else \
+            ToyBackend.random(12, seed=6, scale=0.2, name="toy-draft", **timing)  # flat: unsure
+        draft = CountingDraftModel(backend, min_confidence=config.draft_p_min)
+        # The model alone: no lookup rounds in between.
+        engine = auto_engine(target, draft, clock, true_prior(0.3, 0.3), config, lookup=False)
+        auto = engine.generate([0, 1, 2, 3], GREEDY, max_tokens=200)
+        assert auto.token_ids == engine.generate([0, 1, 2, 3], GREEDY, max_tokens=200,
+                                                 speculative=False).token_ids
+        if not sure:
+            assert auto.stats.rounds == 0  # it never drafted a token
+            offer = engine.planner.tracker("toy-draft").offer
+            assert offer.trials[0] > 0 and offer.hits[0] == 0  # every try was a stop, and counted
+        return draft.calls
+
+    unsure, sure = calls_of(False), calls_of(True)
+    assert 1 <= unsure and 3 * unsure < sure
+
+
+def test_the_targets_own_confidence_is_the_prior_of_the_draft_models_offers():
+    config = PolicyConfig(optimism=0.0)
+    drafter = DraftModel(ToyBackend.random(4, seed=0, name="toy-draft"))
+
+    def planner_after(confident: bool) -> AdaptivePlanner:
+        planner = AdaptivePlanner([drafter], CostModel(), config)
+        # This run measured its costs: v(n) = 1 + 0.3 (n - 1), a draft step 0.3 steps.
+        for n in (5, 9):
+            planner.observe(RoundResult(None, None, 0, 0, n, 1 + 0.3 * (n - 1), np.ones(1)))
+        planner.review(DraftReport(Proposal(drafter, 1), Draft([0]), 1, 0.0, 0.3))
+        for _ in range(30):
+            planner.observe(RoundResult(None, None, 0, 0, 1, 1.0, np.array([0.99 if confident else 0.1])))
+        return planner
+
+    sure, unsure = planner_after(True), planner_after(False)
+    sure.begin([0])  # a generation starts: the draft model is up to date
+    unsure.begin([0])
+    proposal = sure.plan([0], 8)
+    assert isinstance(proposal, Proposal) and proposal.num_draft >= 2
+    assert unsure.plan([0], 8) is None
+
+
+def test_auto_does_not_ask_a_draft_model_where_the_target_is_unsure_too():
+    clock = SimClock()
+    target = ToyBackend.random(12, seed=5, scale=0.2, clock=clock, step_seconds=STEP,
+                               token_seconds=0.3 * STEP)  # flat: the target is never sure
+    draft = CountingDraftModel(target.perturbed(noise=0.0, seed=6, clock=clock,
+                                                step_seconds=0.3 * STEP), min_confidence=0.5)
+    config = PolicyConfig(draft_p_min=0.5)
+    engine = auto_engine(target, draft, clock, true_prior(0.3, 0.3), config)
+    engine.generate([0, 1, 2, 3], GREEDY, max_tokens=100)
+    # The target's own confidence said the drafter would stop: it is asked at most once,
+    # to measure its cost in this run (the cached one is only a starting point).
+    assert draft.calls <= 1
+    assert engine.planner.confidence.estimates(1)[0] < 0.1
