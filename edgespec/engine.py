@@ -99,7 +99,7 @@ class Engine:
         self._busy = threading.Lock()
         self._cancel = threading.Event()
         self.planner: Planner | None = None
-        self.drafter: Drafter | None = None
+        self._auto: tuple[Planner | None, Drafter | None] = (None, None)  # the last auto planner
         self.configure(drafter, num_draft, planner)
 
     # -- public API -----------------------------------------------------------------
@@ -115,11 +115,12 @@ class Engine:
             raise ValueError(f"invalid num_draft={num_draft!r}: must be an integer >= 1 or 'auto'")
         if drafter is not None:
             drafter.attach(self.target)
-        if planner is None and num_draft == "auto":
-            if isinstance(self.planner, AdaptivePlanner) and drafter is self.drafter:
-                planner = self.planner  # same drafter, same mode: keep the evidence
-            else:
-                planner = AdaptivePlanner(auto_drafters(drafter, PromptLookup(max_ngram=8)))
+        if num_draft == "auto":
+            if planner is None:  # the same drafter again: keep what auto mode learned
+                kept, kept_for = self._auto
+                planner = kept if kept is not None and kept_for is drafter else \
+                    AdaptivePlanner(auto_drafters(drafter, PromptLookup(max_ngram=8)))
+            self._auto = (planner, drafter)
         self.planner = planner or FixedPlanner(drafter, num_draft)
         self.drafter = drafter
         self.num_draft = num_draft

@@ -52,8 +52,6 @@ class PolicyConfig:
     prior_weight: float = 3.0     # pseudo-observations behind a prior acceptance rate
     aging: float = 0.99           # evidence kept per round in which a drafter was not tried
     optimism: float = 0.35        # standard errors added to α when deciding (explores the unsure)
-    thompson: bool = False        # explore by drawing α from its posterior instead of optimism
-    seed: int = 0                 # of the planner's own random draws (never the sampler's)
     min_gain: float = 1.04        # speculate when expected to beat plain by this much
     probe_gain: float = 1.04      # ... or, as a probe, when it might (with optimism)
     model_prior: float = 0.95     # α of a draft model before evidence
@@ -67,8 +65,9 @@ class PolicyConfig:
         "lookup:match4": 0.6, "lookup:match8": 0.8})
     # A draft that continues a copy is accepted whole or cut at one point: the α of a
     # later position, given the ones before it were accepted, starts from this.
-    continuation_prior: float = 0.9
-    catch_up_rounds: float = 1.0  # rounds a draft model's catch-up is spread over
+    continuation_prior: float = 0.8
+    catch_up_rounds: float = 3.0  # rounds a draft model's catch-up is spread over (it pays
+    #                               once for a run of rounds, but not to get back in for one)
     cheap_drafter: float = 0.05   # a drafter cheaper than this (c) is asked for all it has
     retry_after: int = 32         # rounds before a drafter whose costs are unmeasured is retried
     retry_max: int = 512          # the longest back-off between losing retries
@@ -102,10 +101,8 @@ class _Rates:
         self.hits = [h * factor for h in self.hits]
         self.trials = [t * factor for t in self.trials]
 
-    def estimates(self, k: int, optimism: float = 0.0, prior: float | None = None,
-                  rng: np.random.Generator | None = None) -> list[float]:
-        """Rates of positions 0..k-1, plus ``optimism`` standard errors (capped at 1);
-        with ``rng``, a draw from each rate's Beta posterior instead (Thompson sampling).
+    def estimates(self, k: int, optimism: float = 0.0, prior: float | None = None) -> list[float]:
+        """Rates of positions 0..k-1, plus ``optimism`` standard errors (capped at 1).
 
         ``prior`` replaces the prior of position 0.
         """
@@ -115,10 +112,7 @@ class _Rates:
             hits = self.hits[i] if i < len(self.hits) else 0.0
             n = trials + self.weight
             mean = (hits + self.weight * prior) / n
-            if rng is not None:
-                result.append(float(rng.beta(max(mean * n, 1e-3), max((1 - mean) * n, 1e-3))))
-            else:
-                result.append(min(1.0, mean + optimism * math.sqrt(mean * (1 - mean) / n)))
+            result.append(min(1.0, mean + optimism * math.sqrt(mean * (1 - mean) / n)))
             prior = mean if self.later_prior is None else self.later_prior
         return result
 
@@ -142,15 +136,15 @@ class AcceptanceTracker:
         # A rate whose estimate is the prior of the offer rate (the target's confidence).
         self.offer_parent = offer_parent
 
-    def _accept(self, k: int, optimism: float, rng=None) -> list[float]:
+    def _accept(self, k: int, optimism: float) -> list[float]:
         prior = None
         if self.parent is not None:
             prior = (self.accept.prior + self.parent.accept.estimates(1)[0]) / 2
-        return self.accept.estimates(k, optimism, prior, rng)
+        return self.accept.estimates(k, optimism, prior)
 
-    def _offers(self, k: int, optimism: float, rng=None) -> list[float]:
+    def _offers(self, k: int, optimism: float) -> list[float]:
         prior = None if self.offer_parent is None else self.offer_parent.estimates(1)[0]
-        return self.offer.estimates(k, optimism, prior, rng)
+        return self.offer.estimates(k, optimism, prior)
 
     def update(self, drafted: int, accepted: int, stopped: bool = False) -> None:
         """A round that drafted ``drafted`` tokens (``stopped``: it wanted to draft
@@ -182,15 +176,15 @@ class AcceptanceTracker:
         return total
 
     def expected_speeds(self, k_max: int, c: float, v, overhead: float = 0.0,
-                        optimism: float = 0.0, rng: np.random.Generator | None = None) -> list[float]:
+                        optimism: float = 0.0) -> list[float]:
         """Committed tokens per plain step of a round of up to k drafts, for k = 1..k_max.
 
         The drafter runs while it offers tokens (c per step, the first always);
         the target verifies what was offered, v(1 + n) (a plain step when n = 0).
-        ``overhead``: a catch-up the round pays first, in plain steps. ``optimism``
-        and ``rng`` as for :meth:`_Rates.estimates`.
+        ``overhead``: a catch-up the round pays first, in plain steps; ``optimism``
+        as for :meth:`_Rates.estimates`.
         """
-        accepts, offers = self._accept(k_max, optimism, rng), self._offers(k_max, optimism, rng)
+        accepts, offers = self._accept(k_max, optimism), self._offers(k_max, optimism)
         speeds = []
         tokens, reach = 1.0, 1.0     # E(k) so far; P(positions 0..k-1 all accepted)
         spent, through = overhead + c, 1.0  # cost of the rounds that stopped before k; P(offered 0..k-1)
@@ -243,7 +237,6 @@ class AdaptivePlanner:
         self._caught_up: set[str] = set()  # ... and of those, the ones that drafted
         self._verifying: tuple[str, str | None, bool] | None = None  # drafter, bucket, stopped
         self._draft_seconds = 0.0  # spent drafting in the round in flight
-        self._rng = np.random.default_rng(self.config.seed)
 
     @property
     def name(self) -> str:
@@ -351,7 +344,7 @@ class AdaptivePlanner:
     # -- decisions --------------------------------------------------------------------------
 
     def best_k(self, key: str, cost_name: str, limit: int, *, behind: int = 0,
-               optimism: float = 0.0, rng: np.random.Generator | None = None) -> tuple[int, float]:
+               optimism: float = 0.0) -> tuple[int, float]:
         """The k (1..limit) with the highest expected speed, and that speed."""
         tracker, c = self.tracker(key), self.cost.c(cost_name)
         # A draft model that sat out rounds first catches up on them (batched).
@@ -362,7 +355,7 @@ class AdaptivePlanner:
         if k_max < 1:
             return 0, 1.0
         v = [0.0] + [self.cost.v(n) for n in range(1, k_max + 2)]
-        speeds = tracker.expected_speeds(k_max, c, v.__getitem__, overhead, optimism, rng)
+        speeds = tracker.expected_speeds(k_max, c, v.__getitem__, overhead, optimism)
         k = int(np.argmax(speeds)) + 1
         return k, speeds[k - 1]
 
@@ -373,10 +366,7 @@ class AdaptivePlanner:
         k, speed = self.best_k(key, name, limit, behind=state.behind)
         if speed >= cfg.min_gain:
             return k, False
-        if cfg.thompson:  # a plausible α drawn from the evidence: tried as often as it may win
-            k, hope = self.best_k(key, name, limit, behind=state.behind, rng=self._rng)
-        else:
-            k, hope = self.best_k(key, name, limit, behind=state.behind, optimism=cfg.optimism)
+        k, hope = self.best_k(key, name, limit, behind=state.behind, optimism=cfg.optimism)
         if hope >= cfg.probe_gain:
             return k, True
         # The decision rests on costs this run has not measured (lately): retry now and

@@ -7,6 +7,7 @@ from edgespec import DraftModel, EdgespecError, Engine, PromptLookup, SamplingPa
 from edgespec.backends.llamacpp import LlamaCppBackend
 from edgespec.prompting import chat_prompt_ids
 from exactness import SIGNIFICANCE, chi_square_pvalue, exact_distribution, sample_continuations
+from greedy import assert_equal_up_to_a_near_tie
 
 GREEDY = SamplingParams(temperature=0)
 
@@ -65,16 +66,16 @@ def test_greedy_speculative_equals_plain_on_smollm2(smollm2_path, smollm2_q2k_pa
     draft = PromptLookup() if drafter == "lookup" else \
         DraftModel(LlamaCppBackend(smollm2_q2k_path, n_ctx=1024), min_confidence=0.8)
     engine = Engine(target, draft, num_draft="auto" if drafter == "auto" else 4)
+    # An answer that copies from the prompt: prompt lookup (auto mode's too) pays here.
     prompt = chat_prompt_ids(target, [{"role": "user", "content":
-                                       "List the days of the week, then list them again in reverse."}])
+                                       "Repeat this line three times, exactly: "
+                                       "the quick brown fox jumps over the lazy dog"}])
     plain = engine.generate(prompt, GREEDY, max_tokens=64, speculative=False)
     spec = engine.generate(prompt, GREEDY, max_tokens=64)
-    assert spec.token_ids == plain.token_ids
-    assert spec.text == plain.text
     s = spec.stats
     assert sum(s.rounds_per_drafter.values()) == s.rounds
-    if drafter != "auto":  # auto may rightly decode plainly: here the drafter costs too much
-        assert s.accepted > 0 and s.rounds + s.plain_steps < s.generated_tokens
+    assert s.accepted > 0 and s.rounds + s.plain_steps < s.generated_tokens
+    assert_equal_up_to_a_near_tie(engine, prompt, plain.token_ids, spec.token_ids)
 
 
 def test_statistical_exactness_on_llamacpp(tiny_gguf_pair):
