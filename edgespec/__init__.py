@@ -14,8 +14,8 @@ from .verify import Verdict, greedy_verify, rejection_sample
 __version__ = "0.1.0"
 
 __all__ = [
-    "AdaptivePlanner", "ChatSession", "Chunk", "Draft", "Drafter", "DraftModel", "EdgespecError", "Engine", "FixedPlanner",
-    "Generation", "GenerationStats", "Planner", "PolicyConfig", "PromptLookup", "Proposal",
+    "AdaptivePlanner", "ChatSession", "Chunk", "Draft", "Drafter", "DraftModel", "EdgespecError",
+    "Engine", "FixedPlanner", "Generation", "GenerationStats", "Planner", "PolicyConfig", "PromptLookup", "Proposal",
     "RoundResult", "SamplingParams", "Verdict", "greedy_verify", "logits_to_probs", "load",
     "rejection_sample",
 ]

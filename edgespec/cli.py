@@ -283,7 +283,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-draft", default="2,4", help="comma-separated k values")
     p.add_argument("--temp", default="0,0.7", help="comma-separated temperatures")
     p.add_argument("--prompts", default="code,edit,chat",
-                   help="comma-separated prompt sets (code, edit, chat) or prompt files")
+                   help="comma-separated prompt sets (code, edit, chat; the validation split: "
+                        "code-val, edit-val, chat-val) or prompt files")
     p.add_argument("--prompts-per-set", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--repeat", type=int, default=1)

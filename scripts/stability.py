@@ -1,0 +1,82 @@
+"""Does auto mode stay stable across fresh processes that share a cost cache?
+
+Runs ``edgespec generate`` (auto mode, the default pairing) N times in fresh
+processes that share one ``$EDGESPEC_HOME`` (so each run starts from the costs
+the runs before it cached), for a code-editing and a chat prompt, with plain
+decoding (``--no-spec``) of the same prompt interleaved every few runs as the
+yardstick. Prints tok/s per run, run N against run 1, and each run against the
+median plain speed.
+
+    python scripts/stability.py --runs 10 --json bench-out/stability.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from edgespec.models import edgespec_home
+from edgespec.prompt_sets import load_prompt_set
+
+
+def generate(prompt: str, home: Path, args, *extra: str) -> dict:
+    command = [sys.executable, "-m", "edgespec", "generate", "-m", args.target, "-d", args.draft,
+               "-p", prompt, "--temp", "0", "--max-tokens", str(args.max_tokens), "--json", *extra]
+    out = subprocess.run(command, capture_output=True, text=True,
+                         env={**os.environ, "EDGESPEC_HOME": str(home)})
+    if out.returncode != 0:
+        raise SystemExit(f"edgespec generate failed:\n{out.stderr}")
+    return json.loads(out.stdout)["stats"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
+    parser.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct")
+    parser.add_argument("--prompts", default="edit-val:1,chat-val:0",
+                        help="SET:INDEX,... (default: one code-editing and one chat prompt)")
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--plain-every", type=int, default=3, help="a plain run before every Nth auto run")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        home = Path(tmp)
+        (home / "models").symlink_to(edgespec_home() / "models")  # the weights, not the costs
+        for spec in args.prompts.split(","):
+            set_name, index = spec.split(":")
+            prompt = load_prompt_set(set_name)[int(index)]
+            auto, plain = [], []
+            for run in range(args.runs):
+                if run % args.plain_every == 0:
+                    plain.append(generate(prompt, home, args, "--no-spec")["tokens_per_second"])
+                stats = generate(prompt, home, args)
+                auto.append(stats)
+                print(f"{spec} run {run + 1}: {stats['tokens_per_second']:.2f} tok/s, "
+                      f"{stats['rounds']} rounds, {stats['plain_steps']} plain steps "
+                      f"({stats['rounds_per_drafter']})", flush=True)
+            plain.append(generate(prompt, home, args, "--no-spec")["tokens_per_second"])
+            base = statistics.median(plain)
+            speeds = [s["tokens_per_second"] for s in auto]
+            results[spec] = {"plain_tokens_per_second": plain, "auto": auto,
+                             "last_vs_first": speeds[-1] / speeds[0],
+                             "vs_plain": [s / base for s in speeds]}
+            print(f"{spec}: run {args.runs} / run 1 = {speeds[-1] / speeds[0]:.3f}; "
+                  f"auto / median plain ({base:.2f} tok/s): min {min(speeds) / base:.3f}, "
+                  f"max {max(speeds) / base:.3f}; plain runs {', '.join(f'{p:.2f}' for p in plain)}",
+                  flush=True)
+            cost_files = sorted((home / "calibration").glob("*.json"))
+            results[spec]["cached_costs"] = [json.loads(p.read_text()) for p in cost_files]
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
