@@ -55,9 +55,11 @@ class PolicyConfig:
     min_gain: float = 1.04        # speculate when expected to beat plain by this much
     probe_gain: float = 1.04      # ... or, as a probe, when it might (with optimism)
     model_prior: float = 0.95     # α of a draft model before evidence
+    model_prior_weight: float = 3.0  # ... and the pseudo-observations behind it
     offer_weight: float = 6.0     # pseudo-observations behind a draft model's offer rate
     confidence_prior: float = 0.4  # the target's confidence before any token
     confidence_weight: float = 2.0
+    confidence_decay: float = 0.95  # the target's confidence changes with the text: follow it
     # α before evidence, by drafter and kind of draft. Prompt lookup: a 2-token match is
     # often a coincidence, an 8-token one usually a copy in progress.
     priors: dict[str, float] = field(default_factory=lambda: {
@@ -66,6 +68,7 @@ class PolicyConfig:
     # A draft that continues a copy is accepted whole or cut at one point: the α of a
     # later position, given the ones before it were accepted, starts from this.
     continuation_prior: float = 0.8
+    compare_drafters: bool = True  # a cheap drafter's draft gives way to a better later one
     catch_up_rounds: float = 3.0  # rounds a draft model's catch-up is spread over (it pays
     #                               once for a run of rounds, but not to get back in for one)
     cheap_drafter: float = 0.05   # a drafter cheaper than this (c) is asked for all it has
@@ -126,9 +129,11 @@ class AcceptanceTracker:
     """
 
     def __init__(self, config: PolicyConfig, prior: float, *, later_prior: float | None = None,
-                 parent: "AcceptanceTracker | None" = None, offer_parent: _Rates | None = None):
+                 parent: "AcceptanceTracker | None" = None, offer_parent: _Rates | None = None,
+                 weight: float | None = None):
         self.config = config
-        self.accept = _Rates(prior, config.prior_weight, config.decay, later_prior)
+        self.accept = _Rates(prior, config.prior_weight if weight is None else weight,
+                             config.decay, later_prior)
         self.offer = _Rates(1.0, config.offer_weight, config.decay)
         # A tracker pooled over the kinds of one drafter's drafts: its estimate pulls
         # this one's prior, so that when lookup copies well here, short matches are tried too.
@@ -230,13 +235,14 @@ class AdaptivePlanner:
         # cost, and close to how often the draft model offers a token at all, so it is
         # that rate's prior (a draft model is not asked over and over in hard text).
         self.confidence = _Rates(self.config.confidence_prior, self.config.confidence_weight,
-                                 self.config.decay)
+                                 self.config.confidence_decay)
         self._state = {d.name: _DrafterState(retry_after=self.config.retry_after)
                        for d in self.drafters}
         self._asked: set[str] = set()  # drafters asked this round
         self._caught_up: set[str] = set()  # ... and of those, the ones that drafted
         self._verifying: tuple[str, str | None, bool] | None = None  # drafter, bucket, stopped
         self._draft_seconds = 0.0  # spent drafting in the round in flight
+        self._limit = 0  # the longest draft this round may verify
 
     @property
     def name(self) -> str:
@@ -252,9 +258,11 @@ class AdaptivePlanner:
                 self.trackers[key] = AcceptanceTracker(
                     cfg, cfg.priors.get(key, cfg.priors.get(name, cfg.model_prior)),
                     later_prior=cfg.continuation_prior, parent=self.tracker(name))
-            else:
-                self.trackers[key] = AcceptanceTracker(
-                    cfg, cfg.priors.get(name, cfg.model_prior), offer_parent=self.confidence)
+            elif name in cfg.priors:  # a drafter that classes its drafts (prompt lookup)
+                self.trackers[key] = AcceptanceTracker(cfg, cfg.priors[name])
+            else:  # a draft model
+                self.trackers[key] = AcceptanceTracker(cfg, cfg.model_prior, offer_parent=self.confidence,
+                                                       weight=cfg.model_prior_weight)
         return self.trackers[key]
 
     # -- the planner interface -------------------------------------------------------
@@ -270,7 +278,7 @@ class AdaptivePlanner:
             return None  # measure the plain step now and then: every cost is relative to it
         # Measure before leaping: no pass more than about twice as long as any this run
         # has timed, so a cached claim that long passes are cheap costs little if wrong.
-        limit = min(limit, self.max_draft, 2 * max(cost.measured_sizes()))
+        limit = self._limit = min(limit, self.max_draft, 2 * max(cost.measured_sizes()))
         for drafter in self.drafters:
             if drafter.name in self._asked:
                 continue
@@ -296,7 +304,8 @@ class AdaptivePlanner:
         verified = Proposal(proposal.drafter, len(draft), proposal.probe)
         if draft.bucket is not None:  # decide now that the kind of draft is known
             keep, probe = self._decide(f"{name}:{draft.bucket}", name, len(draft))
-            if not keep:
+            if not keep or (self.config.compare_drafters and self._better_later(
+                    self.best_k(f"{name}:{draft.bucket}", name, keep)[1])):
                 return None
             verified = Proposal(proposal.drafter, keep, probe)
         self._verifying = (name, draft.bucket, stopped and verified.num_draft == len(draft))
@@ -358,6 +367,15 @@ class AdaptivePlanner:
         speeds = tracker.expected_speeds(k_max, c, v.__getitem__, overhead, optimism)
         k = int(np.argmax(speeds)) + 1
         return k, speeds[k - 1]
+
+    def _better_later(self, speed: float) -> bool:
+        """Whether a drafter not asked yet this round is expected to beat ``speed``."""
+        for drafter in self.drafters:
+            if drafter.name not in self._asked:
+                behind = self._state[drafter.name].behind
+                if self.best_k(drafter.name, drafter.name, self._limit, behind=behind)[1] > speed:
+                    return True
+        return False
 
     def _decide(self, key: str, name: str, limit: int) -> tuple[int, bool]:
         """How far drafter ``name`` should draft (tracked under ``key``), and whether
