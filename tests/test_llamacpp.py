@@ -5,6 +5,7 @@ import pytest
 
 from edgespec import DraftModel, EdgespecError, Engine, PromptLookup, SamplingParams
 from edgespec.backends.llamacpp import LlamaCppBackend
+from edgespec.loading import auto_planner
 from edgespec.prompting import chat_prompt_ids
 from exactness import SIGNIFICANCE, chi_square_pvalue, exact_distribution, sample_continuations
 from greedy import assert_equal_up_to_a_near_tie
@@ -65,7 +66,9 @@ def test_greedy_speculative_equals_plain_on_smollm2(smollm2_path, smollm2_q2k_pa
     target = LlamaCppBackend(smollm2_path, n_ctx=1024)
     draft = PromptLookup() if drafter == "lookup" else \
         DraftModel(LlamaCppBackend(smollm2_q2k_path, n_ctx=1024), min_confidence=0.8)
-    engine = Engine(target, draft, num_draft="auto" if drafter == "auto" else 4)
+    # Auto mode as edgespec.load sets it up: from this machine's calibrated costs.
+    engine = Engine(target, draft, num_draft="auto", planner=auto_planner(target, draft)) \
+        if drafter == "auto" else Engine(target, draft, num_draft=4)
     # An answer that copies from the prompt: prompt lookup (auto mode's too) pays here.
     prompt = chat_prompt_ids(target, [{"role": "user", "content":
                                        "Repeat this line three times, exactly: "
