@@ -78,6 +78,7 @@ class CostModel:
         self._target: dict[int, _Samples] = {}
         self._step: dict[str, _Samples] = {}
         self._v_table: dict[int, float] | None = None
+        self._measured_v: dict[int, float] | None = None  # in-run v(m) at measured sizes
         self.tick = 0  # target passes observed: the clock that ages samples
 
     # -- measurements ------------------------------------------------------------------
@@ -86,7 +87,7 @@ class CostModel:
         """A target pass over ``num_tokens`` tokens (verify included) took ``seconds``."""
         self.tick += 1
         self._target.setdefault(num_tokens, _Samples()).add(seconds, self.tick)
-        self._v_table = None
+        self._v_table = self._measured_v = None
 
     def observe_draft(self, name: str, steps: int, seconds: float) -> None:
         """``steps`` drafter steps took ``seconds``."""
@@ -135,9 +136,11 @@ class CostModel:
         return self._v_table[n]
 
     def _estimate_v(self, n: int) -> float:
-        step = self.step_seconds
-        measured = {m: self._target[m].estimate() / step for m in self.measured_sizes()
-                    if m > 1} if step else {}
+        if self._measured_v is None:  # this run's ratios, once per new sample (not per n)
+            step = self.step_seconds
+            self._measured_v = {m: self._target[m].estimate() / step for m in self.measured_sizes()
+                                if m > 1} if step else {}
+        measured = self._measured_v
         if n in measured:
             ratio = measured[n]
         elif measured:
