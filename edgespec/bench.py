@@ -1,8 +1,9 @@
 """``edgespec bench``: which drafter, quantization and k pay off on this machine?
 
 Every configuration (drafter × k, and auto mode) runs on the same prompts
-right after plain decoding of the same prompt, temperature and repeat, so
-each speedup is a ratio measured side by side. The sweep also measures the
+between two plain decodings of the same prompt, temperature and repeat; each
+speedup is a ratio to the mean of those two, measured side by side (a plain
+run's own ratio shows how much plain decoding itself moved). The sweep also measures the
 drafter cost c and the target's batch cost v(n) of this machine.
 """
 
@@ -122,7 +123,7 @@ def run_bench(config: BenchConfig, options: BackendOptions, *, progress=None, lo
     # Auto mode runs with prompt lookup and the first draft model listed.
     auto_drafter = model_drafters[0] if model_drafters else None
     total = (config.repeat * len(config.temperatures) * sum(len(p) for p in prompts.values())
-             * (1 + len(fixed) + config.auto))
+             * (2 + len(fixed) + config.auto))
     runs: list[RunRecord] = []
     done = 0
     for repeat in range(config.repeat):
@@ -131,25 +132,25 @@ def run_bench(config: BenchConfig, options: BackendOptions, *, progress=None, lo
                 for index, prompt in enumerate(set_prompts):
                     ids = chat_prompt_ids(target, [{"role": "user", "content": prompt}])
                     params = SamplingParams(temperature=temperature, seed=config.seed + repeat)
-                    plain = engine.generate(ids, params, max_tokens=config.max_tokens,
-                                            speculative=False)
-                    base = plain.stats.tokens_per_second
-                    record = _record("plain", "none", 0, temperature, set_name, index, repeat, plain, base)
-                    runs.append(record)
-                    done += 1
-                    if progress:
-                        progress(done, total, record)
-                    plans = [("fixed", name, k) for name, k in fixed]
+                    plans = [("plain", "none", 0)] + [("fixed", name, k) for name, k in fixed]
                     if config.auto:
                         plans.append(("auto", auto_drafter.name if auto_drafter else "lookup", 0))
+                    plans.append(("plain", "none", 0))
+                    generations = []
                     for mode, name, k in plans:
-                        g = _run_one(engine, mode, drafters.get(name), k, prior, ids, params, config)
-                        record = _record(mode, g.stats.drafter, k, temperature, set_name, index,
-                                         repeat, g, base)
-                        runs.append(record)
+                        generations.append(_run_one(engine, mode, drafters.get(name), k, prior,
+                                                    ids, params, config))
                         done += 1
                         if progress:
-                            progress(done, total, record)
+                            progress(done, total, _record(mode, generations[-1].stats.drafter, k,
+                                                          temperature, set_name, index, repeat,
+                                                          generations[-1], 0.0))
+                    # Plain decoding before and after the modes: their mean is the base, so a
+                    # machine that speeds up or slows down during the prompt biases no mode.
+                    base = statistics.mean(generations[i].stats.tokens_per_second for i in (0, -1))
+                    for (mode, _, k), g in zip(plans, generations):
+                        runs.append(_record(mode, g.stats.drafter, k, temperature, set_name, index,
+                                            repeat, g, base))
     result = {
         "schema_version": SCHEMA_VERSION,
         "machine": {"node": platform.node(), "machine": platform.machine(),
@@ -171,7 +172,9 @@ def run_bench(config: BenchConfig, options: BackendOptions, *, progress=None, lo
 
 
 def _run_one(engine: Engine, mode: str, drafter, k: int, prior: dict, ids, params, config):
-    """One speculative generation: a fixed drafter and k, or auto mode."""
+    """One generation: plain decoding, a fixed drafter and k, or auto mode."""
+    if mode == "plain":
+        return engine.generate(ids, params, max_tokens=config.max_tokens, speculative=False)
     if mode == "auto":
         # A fresh planner per prompt (a new process's first generation), starting
         # from the costs measured at the start of the sweep.
