@@ -17,7 +17,9 @@ a ratio to the median plain step of the same window, so that a machine that
 gets busier or faster changes both sides alike. Estimates are clamped to what
 is physically plausible (1 <= v(n) <= n, 0 <= c <= 1). A *prior*
 (the cached calibration of this model pair, or a bench profile) only stands in
-until this run has measured the same thing: one in-run sample replaces it.
+until this run has measured the same thing: one in-run sample replaces it, except
+that a drafter's step up to 1.5 times dearer than its prior needs three to
+outweigh it (so that one cold first step cannot lock a drafter out).
 
 The module also owns the cache files: the calibration of each model pair on
 this machine, and the pairing ``edgespec bench --save-profile`` recommends.
@@ -38,6 +40,8 @@ from typing import Sequence
 from .backends.base import Backend
 
 WINDOW = 9                      # samples kept per kind: the median of the most recent
+TRUSTED_SAMPLES = 3             # in-run samples of a drafter's step that outweigh its prior ...
+COLD_START = 1.5                # ... when they exceed it by no more than this (a cold start)
 CALIBRATION_SIZES = (1, 2, 3, 5, 9)
 CALIBRATION_REPEATS = 5         # timed passes per size after one warm-up pass
 
@@ -176,10 +180,20 @@ class CostModel:
     def c(self, name: str) -> float:
         """Time of one drafter step / time of one plain step."""
         step, own = self.step_seconds, self._step.get(name)
+        prior = self.prior_c.get(name)
         if step and own and own.values:
-            return _clamp(own.estimate() / step, 0.0, 1.0)
+            measured = _clamp(own.estimate() / step, 0.0, 1.0)
+            # A drafter's first step runs cold (its weights out of the CPU's caches), and
+            # a drafter judged too dear is not asked again: one slow step would lock it
+            # out. Until a median exists, a step up to COLD_START times the prior counts
+            # as cold and the prior stands; one further off (a stale or poisoned prior)
+            # replaces it at once.
+            if prior is not None and len(own.values) < TRUSTED_SAMPLES \
+                    and prior < measured <= COLD_START * prior:
+                return prior
+            return measured
         # Never measured: assume it is cheap, so that it gets tried, and measured.
-        return self.prior_c.get(name, 0.0)
+        return 0.0 if prior is None else prior
 
     def catch_up(self, name: str, tokens: int) -> float:
         """Time for a draft model to catch up on ``tokens`` committed tokens / one plain step."""

@@ -5,7 +5,8 @@ import json
 import pytest
 
 from edgespec.backends.toy import ToyBackend
-from edgespec.costs import CostModel, calibrate, load_calibration, prior_for, save_calibration
+from edgespec.costs import (TRUSTED_SAMPLES, CostModel, calibrate, load_calibration, prior_for,
+                            save_calibration)
 
 
 def feed(cost: CostModel, seconds_by_size: dict[int, float], times: int = 5) -> None:
@@ -54,11 +55,31 @@ def test_one_run_of_evidence_replaces_the_prior():
     cost = CostModel({"v": {"2": 1.0, "3": 1.0, "5": 1.0, "9": 1.0}, "c": {"draft": 0.0}})
     assert cost.v(9) == 1.0 and cost.c("draft") == 0.0
     feed(cost, {1: 0.1, 3: 0.25})
-    cost.observe_draft("draft", 2, 0.1)
     assert cost.v(3) == pytest.approx(2.5)
     # Past the largest size measured: at least the line through (1, 1) and (3, 2.5).
     assert cost.v(9) >= 1 + 0.75 * 8 - 1e-9
-    assert cost.c("draft") == pytest.approx(0.5)
+    cost.observe_draft("draft", 2, 0.1)
+    assert cost.c("draft") == pytest.approx(0.5)  # far above a prior of 0: believed at once
+
+
+def test_one_cold_first_step_does_not_make_a_drafter_dearer_than_its_prior():
+    cost = CostModel({"c": {"draft": 0.4}})
+    feed(cost, {1: 0.1})
+    cost.observe_draft("draft", 1, 0.055)  # a cold first step: 0.55 of a plain step
+    assert cost.c("draft") == pytest.approx(0.4)
+    cost.observe_draft("draft", 1, 0.03)  # a step below the prior counts at once
+    assert cost.c("draft") == pytest.approx(0.3)
+    cost = CostModel({"c": {"draft": 0.4}})
+    feed(cost, {1: 0.1})
+    for _ in range(TRUSTED_SAMPLES - 1):
+        cost.observe_draft("draft", 1, 0.055)
+        assert cost.c("draft") == pytest.approx(0.4)
+    cost.observe_draft("draft", 1, 0.055)
+    assert cost.c("draft") == pytest.approx(0.55)  # steadily dearer: believed
+    cost = CostModel({"c": {"draft": 0.4}})
+    feed(cost, {1: 0.1})
+    cost.observe_draft("draft", 1, 0.09)  # far above the prior: no cold start, a wrong prior
+    assert cost.c("draft") == pytest.approx(0.9)
 
 
 def test_staleness_is_counted_in_target_passes():
