@@ -32,10 +32,8 @@ from .backends.base import Backend
 from .cache import CachedModel, common_prefix_length
 from .detokenize import IncrementalDetokenizer, StopMatcher
 from .drafters.base import Draft, Drafter
-from .drafters.prompt_lookup import PromptLookup
 from .errors import EdgespecError
 from .planner import DraftReport, FixedPlanner, Planner, RoundResult
-from .policy import AdaptivePlanner, auto_drafters
 from .sampling import SamplingParams, logits_to_probs, make_rng, top_probability
 from .stats import GenerationStats
 from .verify import Verdict, greedy_verify, rejection_sample, runnable_drafts
@@ -85,7 +83,8 @@ class Engine:
     """Generates text from a target model, optionally with a drafter.
 
     ``num_draft`` is k, or ``"auto"`` for auto mode (prompt lookup and the
-    drafter, chosen round by round); ``planner`` replaces either with a
+    drafter, chosen round by round, starting from this model pair's cached
+    costs, or a short calibration the first time); ``planner`` replaces either with a
     planner of your own. One generation runs at a time per engine;
     :meth:`cancel` stops the running one from any thread.
     """
@@ -118,8 +117,11 @@ class Engine:
         if num_draft == "auto":
             if planner is None:  # the same drafter again: keep what auto mode learned
                 kept, kept_for = self._auto
-                planner = kept if kept is not None and kept_for is drafter else \
-                    AdaptivePlanner(auto_drafters(drafter, PromptLookup(max_ngram=8)))
+                if kept is not None and kept_for is drafter:
+                    planner = kept
+                else:  # from this pair's cached costs (a short calibration the first time)
+                    from .loading import auto_planner
+                    planner = auto_planner(self.target, drafter)
             self._auto = (planner, drafter)
         self.planner = planner or FixedPlanner(drafter, num_draft)
         self.drafter = drafter
