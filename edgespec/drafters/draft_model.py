@@ -60,23 +60,23 @@ class DraftModel:
         self.prefill(context)
         logits, self._next_logits = self._next_logits, None
         token_ids: list[int] = []
-        probs: list[np.ndarray] = []
+        # q of each draft, written in place (greedy drafts are one-hot in q, which the
+        # verifier reads from None).
+        probs = None if params.greedy else np.empty((num_draft, logits.shape[-1]), np.float32)
         for i in range(num_draft):
-            if params.greedy:
+            if probs is None:
                 if self.min_confidence and top_probability(logits) < self.min_confidence:
                     break
                 token = int(np.argmax(logits))
             else:
-                q = logits_to_probs(logits, params)  # [V]
+                q = logits_to_probs(logits, params, out=probs[i])  # [V]
                 if self.min_confidence and q.max() < self.min_confidence:
                     break
                 token = sample_from(q, rng)
-                probs.append(q)
             token_ids.append(token)
             if i + 1 < num_draft:
                 logits = self.cache.forward([token])[-1]
-        # Greedy drafts are one-hot in q, which the verifier reads from None.
-        return Draft(token_ids, np.stack(probs) if probs else None)
+        return Draft(token_ids, None if probs is None else probs[:len(token_ids)])
 
     def accepted(self, num_accepted: int) -> None:
         """Nothing to learn; the next sync trims the rejected drafts."""
