@@ -34,7 +34,7 @@ from .detokenize import IncrementalDetokenizer, StopMatcher
 from .drafters.base import Draft, Drafter
 from .errors import EdgespecError
 from .planner import DraftReport, FixedPlanner, Planner, RoundResult
-from .sampling import SamplingParams, logits_to_probs, make_rng, top_probability
+from .sampling import ProbRows, SamplingParams, make_rng, top_probability
 from .stats import GenerationStats
 from .verify import Verdict, greedy_verify, rejection_sample, runnable_drafts
 
@@ -335,9 +335,9 @@ class Engine:
         if run.params.greedy:
             verdict = greedy_verify(np.argmax(logits, axis=-1), draft.token_ids)
             return verdict, top_probability(logits[:verdict.num_accepted + 1])
-        target_probs = logits_to_probs(logits, run.params)  # [n, V]
+        target_probs = ProbRows(logits, run.params)  # [n, V], rows computed as read
         verdict = rejection_sample(target_probs, draft.token_ids, draft.probs, run.rng)
-        return verdict, target_probs[:verdict.num_accepted + 1].max(-1)
+        return verdict, target_probs.top(verdict.num_accepted + 1)
 
 
 _SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "seed")
