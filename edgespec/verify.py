@@ -29,7 +29,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .sampling import sample_from
+from .sampling import ProbRows, SamplingParams, sample_from, top_probability
 
 
 @dataclass(frozen=True)
@@ -144,3 +144,29 @@ def _fit_vocab(draft_probs: np.ndarray, vocab_size: int) -> np.ndarray:
     if width > vocab_size:
         return draft_probs[:, :vocab_size]
     return np.pad(draft_probs, ((0, 0), (0, vocab_size - width)))
+
+
+def verify_round(logits, draft_token_ids: Sequence[int], draft_probs, params: SamplingParams,
+                 rng: np.random.Generator) -> tuple[Verdict, np.ndarray]:
+    """The verdict on a round from the target's rows of logits ``[n, V]``, and the
+    target's top probability at each token it commits (for the planner).
+
+    Numpy logits are verified on the host (greedy, or :func:`rejection_sample`
+    over rows computed as it reads them); an MLX array where it lives
+    (:func:`edgespec.mlx_ops.verify_on_device`, one synchronization), unless a
+    draft lies outside the target's vocabulary (rare: then on the host).
+    """
+    if not isinstance(logits, np.ndarray):
+        if logits.shape[0] == len(draft_token_ids) + 1 and \
+                runnable_drafts(draft_token_ids, logits.shape[-1]) == len(draft_token_ids):
+            from .mlx_ops import verify_on_device
+            return verify_on_device(logits, draft_token_ids, draft_probs, params, rng)
+        logits = np.array(logits)
+    if draft_probs is not None and not isinstance(draft_probs, np.ndarray):
+        draft_probs = np.array(draft_probs)  # q from a device drafter, for a host target
+    if params.greedy:
+        verdict = greedy_verify(np.argmax(logits, axis=-1), draft_token_ids)
+        return verdict, top_probability(logits[:verdict.num_accepted + 1])
+    target_probs = ProbRows(logits, params)  # [n, V], rows computed as read
+    verdict = rejection_sample(target_probs, draft_token_ids, draft_probs, rng)
+    return verdict, target_probs.top(verdict.num_accepted + 1)

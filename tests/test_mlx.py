@@ -182,3 +182,31 @@ def test_smollm2_q4_1_greedy_agrees_across_backends_up_to_near_ties(smollm2_path
         for name, logits in (("llama.cpp", reference[first]), ("mlx", on_path[first])):
             gaps = [gap_to_best(logits, e, eos) for e in (a[first], b[first])]
             assert max(gaps) < NEAR_TIE, (prompt, first, name, gaps)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_mlx_drafts_and_verifies_with_one_host_sync_each_per_round(exactness_pair, temperature):
+    """On MLX the draft loop (k forwards, each fed the token sampled on the device)
+    and the verification each evaluate once: two host synchronizations a round."""
+    from edgespec import mlx_ops
+    target_path, draft_path = exactness_pair
+    engine = Engine(mlx(target_path, 128), DraftModel(mlx(draft_path, 128)), num_draft=4)
+    before = mlx_ops.host_syncs
+    stats = engine.generate([1, 4, 5, 6], SamplingParams(temperature=temperature, seed=5),
+                            max_tokens=40).stats
+    assert stats.rounds > 5 and stats.drafted_per_position[:1] == [stats.rounds]
+    # A plain step (the last token, with no room left to draft) verifies alone.
+    assert mlx_ops.host_syncs - before == 2 * stats.rounds + stats.plain_steps
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0.7), SamplingParams(temperature=1.2, top_k=40),
+    SamplingParams(temperature=0.9, top_p=0.8), SamplingParams(temperature=1.0, min_p=0.05),
+    SamplingParams(temperature=0)])
+def test_device_probabilities_equal_the_host_ones(params):
+    import mlx.core as mx
+
+    from edgespec import logits_to_probs, mlx_ops
+    logits = np.random.default_rng(2).normal(0, 3, (3, 4000)).astype(np.float32)
+    np.testing.assert_allclose(np.array(mlx_ops.probs(mx.array(logits), params)),
+                               logits_to_probs(logits, params), rtol=1e-4, atol=1e-7)
