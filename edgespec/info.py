@@ -23,9 +23,14 @@ def _version(package: str) -> str:
 
 def _llama_cpp() -> list[tuple[str, str]]:
     try:
-        import llama_cpp
+        return _llama_cpp_rows()
     except Exception as exc:  # an install that cannot load its library, too
         return [("llama.cpp", f"cannot load: {exc}")]
+
+
+def _llama_cpp_rows() -> list[tuple[str, str]]:
+    import llama_cpp
+
     from .backends.llamacpp import physical_core_count, use_extra_buffer_types
     rows = [("llama.cpp", f"loads (llama-cpp-python {getattr(llama_cpp, '__version__', '?')})"),
             ("  GPU offload (-ngl)", "supported" if llama_cpp.llama_supports_gpu_offload()
@@ -65,9 +70,13 @@ def _ggml_devices(llama_cpp) -> list[str]:
 
 def _mlx() -> list[tuple[str, str]]:
     try:
-        import mlx.core as mx
+        return _mlx_rows()
     except Exception as exc:
         return [("MLX", f"cannot load: {exc}")]
+
+
+def _mlx_rows() -> list[tuple[str, str]]:
+    import mlx.core as mx
     rows = [("MLX", f"loads (mlx {_version('mlx')}, mlx-lm {_version('mlx-lm')})"),
             ("  default device", str(mx.default_device()))]
     try:

@@ -41,7 +41,7 @@ def to_host(*arrays: mx.array, also: Sequence[mx.array] = ()) -> list[np.ndarray
 def key_from(rng: np.random.Generator) -> mx.array:
     """An MLX random key drawn from the generation's numpy generator (so a seed
     fixes device sampling too)."""
-    return mx.random.key(int(rng.integers(0, 2**32)))
+    return mx.random.key(int(rng.integers(0, 2**64, dtype=np.uint64)))
 
 
 def probs(logits: mx.array, params: SamplingParams) -> mx.array:
@@ -53,8 +53,8 @@ def probs(logits: mx.array, params: SamplingParams) -> mx.array:
     vocab = logits.shape[-1]
     if params.greedy:
         return (mx.arange(vocab) == mx.argmax(logits, axis=-1, keepdims=True)).astype(mx.float32)
-    x = logits.astype(mx.float32) * (1.0 / params.temperature)
-    p = mx.exp(x - x.max(axis=-1, keepdims=True))
+    x = logits.astype(mx.float32)
+    p = mx.exp((x - x.max(axis=-1, keepdims=True)) * _inverse(params.temperature))
     if 0 < params.top_k < vocab:
         kth = mx.sort(p, axis=-1)[..., vocab - params.top_k][..., None]
         p = mx.where(p >= kth, p, 0.0)
@@ -70,8 +70,20 @@ def probs(logits: mx.array, params: SamplingParams) -> mx.array:
 
 
 def sample(p: mx.array, key: mx.array) -> mx.array:
-    """One token id per row of probabilities ``p`` (zero-probability ids never)."""
-    return mx.random.categorical(mx.log(p), key=key)
+    """One token id per row of probabilities ``p``: Gumbel-max over log p, as
+    ``mx.random.categorical``, but with the noise kept finite, so that an id without
+    probability never wins (a uniform draw of exactly 0 makes a Gumbel of -inf)."""
+    noisy = mx.maximum(mx.log(p) + mx.random.gumbel(shape=p.shape, key=key), _LOWEST)
+    return mx.argmax(mx.where(p > 0, noisy, -mx.inf), axis=-1)
+
+
+_LOWEST = float(np.finfo(np.float32).min)
+
+
+def _inverse(temperature: float) -> float:
+    """1 / temperature, capped to a finite float32 (a tiny temperature is then
+    greedy with ties shared, never inf - inf = NaN)."""
+    return min(1.0 / temperature, float(np.finfo(np.float32).max))
 
 
 def fit_vocab(q: mx.array, vocab_size: int) -> mx.array:

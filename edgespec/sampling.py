@@ -78,8 +78,9 @@ def logits_to_probs(logits: np.ndarray, params: SamplingParams, *,
         out.fill(0.0)
         np.put_along_axis(out, np.argmax(logits, axis=-1)[..., None], 1.0, axis=-1)
         return out
-    np.multiply(logits, np.float32(1.0 / params.temperature), out=out, casting="unsafe")
-    out -= out.max(axis=-1, keepdims=True)
+    np.subtract(logits, logits.max(axis=-1, keepdims=True), out=out, casting="unsafe")
+    # 1/T as a finite float32: a tiny T is then greedy with ties shared, not NaN.
+    out *= np.float32(min(1.0 / params.temperature, float(np.finfo(np.float32).max)))
     np.exp(out, out=out)
     vocab = out.shape[-1]
     if 0 < params.top_k < vocab:
@@ -109,7 +110,10 @@ class ProbRows:
         self._rows: dict[int, np.ndarray] = {}
 
     def __getitem__(self, index: int) -> np.ndarray:
-        index = int(index) % self.shape[0]
+        rows = self.shape[0]
+        if not -rows <= index < rows:
+            raise IndexError(f"row {index} of {rows}")
+        index = int(index) % rows
         if index not in self._rows:
             self._rows[index] = logits_to_probs(self.logits[index], self.params)
         return self._rows[index]

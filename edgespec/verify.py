@@ -156,7 +156,7 @@ def verify_round(logits, draft_token_ids: Sequence[int], draft_probs, params: Sa
     (:func:`edgespec.mlx_ops.verify_on_device`, one synchronization), unless a
     draft lies outside the target's vocabulary (rare: then on the host).
     """
-    if not isinstance(logits, np.ndarray):
+    if type(logits).__module__.startswith("mlx"):
         if logits.shape[0] == len(draft_token_ids) + 1 and \
                 runnable_drafts(draft_token_ids, logits.shape[-1]) == len(draft_token_ids):
             from .mlx_ops import verify_on_device

@@ -89,17 +89,20 @@ def exactness_pair(tmp_path_factory):
             write_tiny_llama_gguf(folder / "draft.gguf", perturbed(weights, scale=0.3, seed=1)))
 
 
-@pytest.mark.parametrize("target_backend, draft_backend", [
-    ("mlx", "mlx"), ("llama.cpp", "mlx"), ("mlx", "llama.cpp")])
-def test_statistical_exactness_with_mlx(exactness_pair, target_backend, draft_backend):
-    """Chi-square at significance 0.001, fixed seed, 3000 samples of 3 tokens."""
+@pytest.mark.parametrize("target_backend, draft_backend, p_min", [
+    ("mlx", "mlx", 0.0), ("llama.cpp", "mlx", 0.0), ("mlx", "llama.cpp", 0.0), ("mlx", "mlx", 0.4)])
+def test_statistical_exactness_with_mlx(exactness_pair, target_backend, draft_backend, p_min):
+    """Chi-square at significance 0.001, fixed seed, 3000 samples of 3 tokens; with
+    ``p_min`` the draft model stops below that confidence (on MLX: decided on the
+    host after the device drafted all k)."""
     target_path, draft_path = exactness_pair
     make = {"mlx": lambda p: mlx(p, 64), "llama.cpp": lambda p: LlamaCppBackend(p, n_ctx=64)}
     target = make[target_backend](target_path)
     params = SamplingParams(temperature=1.0, top_k=6)
     prompt = [1, 4, 5, 6]
     expected = exact_distribution(target, prompt, params, 3)
-    engine = Engine(target, DraftModel(make[draft_backend](draft_path)), num_draft=2)
+    drafter = DraftModel(make[draft_backend](draft_path), min_confidence=p_min)
+    engine = Engine(target, drafter, num_draft=2)
     counts, totals = sample_continuations(engine, prompt, params, 3, 3000, seed=31)
     assert 0 < totals.accepted < totals.drafted
     assert chi_square_pvalue(counts, expected) > SIGNIFICANCE
@@ -210,3 +213,29 @@ def test_device_probabilities_equal_the_host_ones(params):
     logits = np.random.default_rng(2).normal(0, 3, (3, 4000)).astype(np.float32)
     np.testing.assert_allclose(np.array(mlx_ops.probs(mx.array(logits), params)),
                                logits_to_probs(logits, params), rtol=1e-4, atol=1e-7)
+
+
+def test_device_draft_loop_leaves_the_cache_as_the_host_loop_does(exactness_pair):
+    """Greedy drafts with a confidence stop, on the device and on the host: the same
+    drafts, and the draft cache holds the context and every draft but the last
+    (all of them after a stop) either way."""
+    _, draft_path = exactness_pair
+    on_device = DraftModel(mlx(draft_path, 128), min_confidence=0.35)
+    on_host = DraftModel(mlx(draft_path, 128), min_confidence=0.35)
+    on_host._on_device = False  # the numpy loop, on the same weights
+    rng = np.random.default_rng(0)
+    stops = 0
+    for start in range(12):
+        context = [1, 4, 5, 6, 7, 2][: 2 + start % 4] + [start + 3] * (start % 3)
+        drafts = []
+        for drafter in (on_device, on_host):
+            drafter.reset()
+            drafter.prefill(context)
+            draft = drafter.propose(context, 4, GREEDY, rng)
+            kept = len(draft)
+            assert drafter.cache.tokens == context + draft.token_ids[:min(kept, 3)]
+            assert drafter.backend.n_past == len(drafter.cache.tokens)
+            drafts.append(draft.token_ids)
+        assert drafts[0] == drafts[1]
+        stops += len(drafts[0]) < 4
+    assert 0 < stops < 12  # both a stop and a full draft happened

@@ -1,5 +1,6 @@
 """The table backend, the simulated GPU and the two benchmarks built on them."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -55,8 +56,10 @@ def test_greedy_speculation_on_the_simulated_gpu_writes_plain_output_faster():
 
 
 def _run(script: str, *args: str) -> str:
+    # This checkout's edgespec, whatever an editable install elsewhere points at.
+    env = {**os.environ, "PYTHONPATH": str(SCRIPTS.parent)}
     done = subprocess.run([sys.executable, str(SCRIPTS / script), *args], capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr
     return done.stdout
 

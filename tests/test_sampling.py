@@ -87,9 +87,9 @@ def test_sample_from_across_blocks_matches_the_distribution():
     from collections import Counter
 
     from exactness import SIGNIFICANCE, chi_square_pvalue
-    vocab = 5000  # five blocks and a part
+    vocab = 5000  # four blocks of 1024 ids and a part
     probs = np.zeros(vocab, np.float32)
-    support = [3, 1023, 1024, 2500, 2501, 4999]  # block edges; blocks 1 (partly), 3 empty
+    support = [3, 1023, 1024, 2500, 2501, 4999]  # at block edges; block 3 holds none
     probs[support] = [0.05, 0.3, 0.1, 0.2, 0.25, 0.1]
     rng = np.random.default_rng(7)
     counts = Counter((sample_from(probs, rng),) for _ in range(20_000))

@@ -80,7 +80,7 @@ class DraftModel:
             token_ids.append(token)
             if i + 1 < num_draft:
                 logits = self.cache.forward([token])[-1]
-        return Draft(token_ids, None if probs is None else probs[:len(token_ids)])
+        return Draft(token_ids, None if probs is None or not token_ids else probs[:len(token_ids)])
 
     def _propose_on_device(self, context: Sequence[int], logits, num_draft: int,
                            params: SamplingParams, rng: np.random.Generator) -> Draft:
