@@ -299,7 +299,8 @@ class Engine:
         # [n, V]; a backend whose logits stay on its device (MLX) keeps them there.
         logits = self.target_cache.forward([ctx[-1], *draft.token_ids[:runnable]],
                                            on_device=self._on_device)
-        verdict, top_probs = verify_round(logits, draft.token_ids, draft.probs, run.params, run.rng)
+        verdict, top_probs = verify_round(logits, draft.token_ids, draft.probs, run.params, run.rng,
+                                          confidence=self.planner.wants_confidence)
         seconds = self._clock() - start
 
         self.planner.observe(RoundResult(

@@ -147,9 +147,10 @@ def _fit_vocab(draft_probs: np.ndarray, vocab_size: int) -> np.ndarray:
 
 
 def verify_round(logits, draft_token_ids: Sequence[int], draft_probs, params: SamplingParams,
-                 rng: np.random.Generator) -> tuple[Verdict, np.ndarray]:
+                 rng: np.random.Generator, *, confidence: bool = True) -> tuple[Verdict, np.ndarray]:
     """The verdict on a round from the target's rows of logits ``[n, V]``, and the
-    target's top probability at each token it commits (for the planner).
+    target's top probability at each token it commits (for the planner; empty
+    without ``confidence``).
 
     Numpy logits are verified on the host (greedy, or :func:`rejection_sample`
     over rows computed as it reads them); an MLX array where it lives
@@ -166,7 +167,8 @@ def verify_round(logits, draft_token_ids: Sequence[int], draft_probs, params: Sa
         draft_probs = np.array(draft_probs)  # q from a device drafter, for a host target
     if params.greedy:
         verdict = greedy_verify(np.argmax(logits, axis=-1), draft_token_ids)
-        return verdict, top_probability(logits[:verdict.num_accepted + 1])
+        rows = logits[:verdict.num_accepted + 1] if confidence else logits[:0]
+        return verdict, top_probability(rows)
     target_probs = ProbRows(logits, params)  # [n, V], rows computed as read
     verdict = rejection_sample(target_probs, draft_token_ids, draft_probs, rng)
-    return verdict, target_probs.top(verdict.num_accepted + 1)
+    return verdict, target_probs.top(verdict.num_accepted + 1 if confidence else 0)

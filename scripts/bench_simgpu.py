@@ -30,13 +30,11 @@ QWEN_VOCAB = 151_936
 
 
 def expected_tokens(stats: GenerationStats, k: int) -> float:
-    """E(k) from the acceptance measured per position (given the ones before it)."""
-    total, reach = 1.0, 1.0
-    for i in range(k):
-        drafted = stats.drafted_per_position[i] if i < len(stats.drafted_per_position) else 0
-        accepted = stats.accepted_per_position[i] if i < len(stats.accepted_per_position) else 0
-        reach *= accepted / drafted if drafted else 0.0
-        total += reach
+    """E(k) = 1 + Σ_i P(drafts 1..i all accepted), measured: a round counts as
+    accepted at position i only when every draft before it was accepted too."""
+    total = 1.0
+    for drafted, accepted in list(zip(stats.drafted_per_position, stats.accepted_per_position))[:k]:
+        total += accepted / drafted if drafted else 0.0
     return total
 
 

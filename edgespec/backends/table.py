@@ -33,12 +33,18 @@ class TableBackend:
         self._n_past = 0
 
     @classmethod
-    def random(cls, vocab_size: int, *, rows: int = 64, scale: float = 8.0, seed: int = 0,
+    def random(cls, vocab_size: int, *, rows: int = 64, spread: float = 2.0, seed: int = 0,
                **kwargs) -> "TableBackend":
-        """Random rows; ``scale`` sets how peaked they are (8 over a 150k vocabulary:
-        a top probability of roughly a half, like a small chat model's)."""
+        """Random rows shaped like a language model's: Gaussian logits (``spread``) with
+        one favoured token per row, favoured by a margin drawn so that the top
+        probability ranges from a coin toss to near certainty, mostly high."""
         rng = np.random.default_rng(seed)
-        return cls(rng.standard_normal((rows, vocab_size), dtype=np.float32) * scale, **kwargs)
+        table = rng.standard_normal((rows, vocab_size), dtype=np.float32) * spread
+        # log-sum-exp of the other logits is about log V + spread²/2: a margin above it
+        # of -2..8 gives top probabilities from ~0.1 to ~0.9997.
+        margin = np.log(vocab_size) + spread ** 2 / 2 + rng.uniform(-2.0, 8.0, rows)
+        table[np.arange(rows), rng.integers(0, vocab_size, rows)] += margin.astype(np.float32)
+        return cls(table, **kwargs)
 
     def perturbed(self, *, noise: float, seed: int, name: str = "table-draft") -> "TableBackend":
         """A drafter: these logits plus Gaussian noise of standard deviation ``noise``."""
