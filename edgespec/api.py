@@ -14,6 +14,7 @@ def load(model: str, draft: str | None = None, backend: str = "auto", *,
          draft_backend: str | None = None, num_draft: int | str = "auto",
          draft_p_min: float | None = None, n_ctx: int = 4096,
          n_threads: int | None = None, n_gpu_layers: int = 0, flash_attn: bool | None = None,
+         draft_n_threads: int | None = None, draft_n_gpu_layers: int | None = None,
          mlx_quantize: str = "4bit", fetch: bool = True) -> Engine:
     """Load a target model (and optionally a drafter) and return an :class:`Engine`.
 
@@ -23,6 +24,9 @@ def load(model: str, draft: str | None = None, backend: str = "auto", *,
     lookup, the draft model or plain decoding each round from measured costs
     and acceptance; an integer fixes k. ``draft_p_min``: the draft model stops
     drafting below this top probability (default 0.7 in auto mode, else 0).
+    ``n_gpu_layers``/``n_threads`` (llama.cpp's ``-ngl``/``--threads``) apply to
+    the draft model too unless ``draft_n_gpu_layers``/``draft_n_threads`` say
+    otherwise (``-ngld``/``--threads-draft``).
     Known models that are missing are fetched when ``fetch`` is true.
     Raises :class:`~edgespec.errors.EdgespecError` with a readable reason on
     bad input (missing file, incompatible drafter, ...).
@@ -32,7 +36,11 @@ def load(model: str, draft: str | None = None, backend: str = "auto", *,
                              mlx_quantize=mlx_quantize, fetch=fetch)
     target = load_backend(model, options)
     try:
-        drafter = load_drafter(draft, replace(options, backend=draft_backend or backend))
+        draft_options = replace(
+            options, backend=draft_backend or backend,
+            n_threads=n_threads if draft_n_threads is None else draft_n_threads,
+            n_gpu_layers=n_gpu_layers if draft_n_gpu_layers is None else draft_n_gpu_layers)
+        drafter = load_drafter(draft, draft_options)
         if num_draft != "auto":
             if isinstance(drafter, DraftModel) and draft_p_min is not None:
                 drafter.min_confidence = draft_p_min

@@ -23,11 +23,17 @@ class CachedModel:
         self.tokens: list[int] = []
         backend.rewind(0)
 
-    def forward(self, token_ids: Sequence[int], *, last_only: bool = False) -> np.ndarray:
-        """Evaluate ``token_ids`` after the cached tokens; return their logits."""
+    def forward(self, token_ids: Sequence[int], *, last_only: bool = False,
+                on_device: bool = False) -> np.ndarray:
+        """Evaluate ``token_ids`` after the cached tokens; return their logits.
+
+        ``on_device`` (for a backend with ``device_logits``, i.e. MLX): the logits
+        as a lazy device array, not brought to the host.
+        """
         before = len(self.tokens)
         try:
-            logits = self.backend.forward(token_ids, last_only=last_only)
+            logits = self.backend.forward(token_ids, last_only=last_only, lazy=True) if on_device \
+                else self.backend.forward(token_ids, last_only=last_only)
         except BaseException:
             self.backend.rewind(before)
             raise
@@ -43,7 +49,13 @@ class CachedModel:
         self.backend.rewind(n_past)
         del self.tokens[n_past:]
 
-    def sync(self, context: Sequence[int], *, need_logits: bool) -> tuple[np.ndarray | None, int]:
+    def record(self, token_ids: Sequence[int]) -> None:
+        """The backend evaluated ``token_ids`` lazily, outside :meth:`forward`
+        (a device draft loop); now that their ids are known, note them."""
+        self.tokens.extend(int(t) for t in token_ids)
+
+    def sync(self, context: Sequence[int], *, need_logits: bool,
+             on_device: bool = False) -> tuple[np.ndarray | None, int]:
         """Make the cache hold exactly ``context``, evaluating only what is missing.
 
         With ``need_logits`` the last token of ``context`` is (re-)evaluated if
@@ -57,7 +69,7 @@ class CachedModel:
         missing = context[common:]
         if not missing:
             return None, 0
-        logits = self.forward(missing, last_only=True)
+        logits = self.forward(missing, last_only=True, on_device=on_device)
         return logits[-1], len(missing)
 
 

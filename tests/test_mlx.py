@@ -89,17 +89,20 @@ def exactness_pair(tmp_path_factory):
             write_tiny_llama_gguf(folder / "draft.gguf", perturbed(weights, scale=0.3, seed=1)))
 
 
-@pytest.mark.parametrize("target_backend, draft_backend", [
-    ("mlx", "mlx"), ("llama.cpp", "mlx"), ("mlx", "llama.cpp")])
-def test_statistical_exactness_with_mlx(exactness_pair, target_backend, draft_backend):
-    """Chi-square at significance 0.001, fixed seed, 3000 samples of 3 tokens."""
+@pytest.mark.parametrize("target_backend, draft_backend, p_min", [
+    ("mlx", "mlx", 0.0), ("llama.cpp", "mlx", 0.0), ("mlx", "llama.cpp", 0.0), ("mlx", "mlx", 0.4)])
+def test_statistical_exactness_with_mlx(exactness_pair, target_backend, draft_backend, p_min):
+    """Chi-square at significance 0.001, fixed seed, 3000 samples of 3 tokens; with
+    ``p_min`` the draft model stops below that confidence (on MLX: decided on the
+    host after the device drafted all k)."""
     target_path, draft_path = exactness_pair
     make = {"mlx": lambda p: mlx(p, 64), "llama.cpp": lambda p: LlamaCppBackend(p, n_ctx=64)}
     target = make[target_backend](target_path)
     params = SamplingParams(temperature=1.0, top_k=6)
     prompt = [1, 4, 5, 6]
     expected = exact_distribution(target, prompt, params, 3)
-    engine = Engine(target, DraftModel(make[draft_backend](draft_path)), num_draft=2)
+    drafter = DraftModel(make[draft_backend](draft_path), min_confidence=p_min)
+    engine = Engine(target, drafter, num_draft=2)
     counts, totals = sample_continuations(engine, prompt, params, 3, 3000, seed=31)
     assert 0 < totals.accepted < totals.drafted
     assert chi_square_pvalue(counts, expected) > SIGNIFICANCE
@@ -182,3 +185,57 @@ def test_smollm2_q4_1_greedy_agrees_across_backends_up_to_near_ties(smollm2_path
         for name, logits in (("llama.cpp", reference[first]), ("mlx", on_path[first])):
             gaps = [gap_to_best(logits, e, eos) for e in (a[first], b[first])]
             assert max(gaps) < NEAR_TIE, (prompt, first, name, gaps)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_mlx_drafts_and_verifies_with_one_host_sync_each_per_round(exactness_pair, temperature):
+    """On MLX the draft loop (k forwards, each fed the token sampled on the device)
+    and the verification each evaluate once: two host synchronizations a round."""
+    from edgespec import mlx_ops
+    target_path, draft_path = exactness_pair
+    engine = Engine(mlx(target_path, 128), DraftModel(mlx(draft_path, 128)), num_draft=4)
+    before = mlx_ops.host_syncs
+    stats = engine.generate([1, 4, 5, 6], SamplingParams(temperature=temperature, seed=5),
+                            max_tokens=40).stats
+    assert stats.rounds > 5 and stats.drafted_per_position[:1] == [stats.rounds]
+    # A plain step (the last token, with no room left to draft) verifies alone.
+    assert mlx_ops.host_syncs - before == 2 * stats.rounds + stats.plain_steps
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0.7), SamplingParams(temperature=1.2, top_k=40),
+    SamplingParams(temperature=0.9, top_p=0.8), SamplingParams(temperature=1.0, min_p=0.05),
+    SamplingParams(temperature=0)])
+def test_device_probabilities_equal_the_host_ones(params):
+    import mlx.core as mx
+
+    from edgespec import logits_to_probs, mlx_ops
+    logits = np.random.default_rng(2).normal(0, 3, (3, 4000)).astype(np.float32)
+    np.testing.assert_allclose(np.array(mlx_ops.probs(mx.array(logits), params)),
+                               logits_to_probs(logits, params), rtol=1e-4, atol=1e-7)
+
+
+def test_device_draft_loop_leaves_the_cache_as_the_host_loop_does(exactness_pair):
+    """Greedy drafts with a confidence stop, on the device and on the host: the same
+    drafts, and the draft cache holds the context and every draft but the last
+    (all of them after a stop) either way."""
+    _, draft_path = exactness_pair
+    on_device = DraftModel(mlx(draft_path, 128), min_confidence=0.35)
+    on_host = DraftModel(mlx(draft_path, 128), min_confidence=0.35)
+    on_host._on_device = False  # the numpy loop, on the same weights
+    rng = np.random.default_rng(0)
+    stops = 0
+    for start in range(12):
+        context = [1, 4, 5, 6, 7, 2][: 2 + start % 4] + [start + 3] * (start % 3)
+        drafts = []
+        for drafter in (on_device, on_host):
+            drafter.reset()
+            drafter.prefill(context)
+            draft = drafter.propose(context, 4, GREEDY, rng)
+            kept = len(draft)
+            assert drafter.cache.tokens == context + draft.token_ids[:min(kept, 3)]
+            assert drafter.backend.n_past == len(drafter.cache.tokens)
+            drafts.append(draft.token_ids)
+        assert drafts[0] == drafts[1]
+        stops += len(drafts[0]) < 4
+    assert 0 < stops < 12  # both a stop and a full draft happened

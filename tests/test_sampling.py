@@ -23,7 +23,22 @@ def test_greedy_is_one_hot_on_argmax():
 def test_temperature_one_is_softmax():
     logits = np.array([1.0, 2.0, 0.5])
     expected = np.exp(logits) / np.exp(logits).sum()
-    np.testing.assert_allclose(logits_to_probs(logits, SamplingParams(temperature=1)), expected)
+    # float32, as sampling runs (the verifier compares p and q at one token: float64 buys nothing)
+    np.testing.assert_allclose(logits_to_probs(logits, SamplingParams(temperature=1)), expected,
+                               rtol=1e-6)
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0.7), SamplingParams(temperature=0),
+                                    SamplingParams(temperature=1.3, top_k=50, top_p=0.9, min_p=0.01)])
+def test_rows_at_once_equal_one_row_at_a_time(params):
+    logits = np.random.default_rng(1).normal(0, 3, (3, 3000)).astype(np.float32)
+    rows = logits_to_probs(logits, params)
+    assert rows.dtype == np.float32 and rows.shape == logits.shape
+    for row, probs in zip(logits, rows):
+        np.testing.assert_array_equal(logits_to_probs(row, params), probs)
+    out = np.empty(3000, np.float32)
+    assert logits_to_probs(logits[1], params, out=out) is out
+    np.testing.assert_array_equal(out, rows[1])
 
 
 def test_top_k_keeps_k_most_likely():
@@ -62,3 +77,21 @@ def test_sample_from_never_picks_zero_probability_tokens():
     rng = np.random.default_rng(0)
     probs = np.array([0.0, 0.5, 0.0, 0.5, 0.0])
     assert {sample_from(probs, rng) for _ in range(500)} == {1, 3}
+
+
+
+def test_sample_from_across_blocks_matches_the_distribution():
+    """Two-level sampling (a block of ids by its mass, then an id within it) over a
+    vocabulary of several blocks, some of them empty: chi-square goodness of fit,
+    seed fixed, significance 0.001; ids without mass never come out."""
+    from collections import Counter
+
+    from exactness import SIGNIFICANCE, chi_square_pvalue
+    vocab = 5000  # four blocks of 1024 ids and a part
+    probs = np.zeros(vocab, np.float32)
+    support = [3, 1023, 1024, 2500, 2501, 4999]  # at block edges; block 3 holds none
+    probs[support] = [0.05, 0.3, 0.1, 0.2, 0.25, 0.1]
+    rng = np.random.default_rng(7)
+    counts = Counter((sample_from(probs, rng),) for _ in range(20_000))
+    assert set(counts) <= {(i,) for i in support}
+    assert chi_square_pvalue(counts, {(i,): float(probs[i]) for i in support}) > SIGNIFICANCE

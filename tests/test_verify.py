@@ -103,3 +103,28 @@ def test_single_position_acceptance_probability_is_sum_of_min():
 ])
 def test_greedy_verify(argmax, drafts, out):
     assert greedy_verify(argmax, drafts).token_ids == out
+
+
+def test_rows_computed_as_read_give_the_same_verdicts_as_the_full_array():
+    """The engine verifies from lazily computed rows of p (ProbRows): with the same
+    random stream, every verdict equals the reference's on the full [k+1, V] array."""
+    from edgespec import SamplingParams
+    from edgespec.sampling import ProbRows, logits_to_probs
+    rng = np.random.default_rng(3)
+    params = SamplingParams(temperature=0.8, top_p=0.95)
+    vocab = 3000
+    for trial in range(200):
+        k = int(rng.integers(0, 5))
+        logits = rng.normal(0, 2.5, (k + 1, vocab)).astype(np.float32)
+        full = logits_to_probs(logits, params)
+        drafts = [int(np.argmax(full[i])) if rng.random() < 0.6 else int(rng.integers(vocab))
+                  for i in range(k)]
+        q = None if trial % 2 else logits_to_probs(
+            logits[:k] + rng.normal(0, 1, (k, vocab)).astype(np.float32), params)
+        seed = int(rng.integers(1 << 30))
+        lazy = ProbRows(logits, params)
+        expected = rejection_sample(full, drafts, q, np.random.default_rng(seed))
+        got = rejection_sample(lazy, drafts, q, np.random.default_rng(seed))
+        assert got == expected
+        np.testing.assert_array_equal(lazy.top(got.num_accepted + 1),
+                                      full[:got.num_accepted + 1].max(-1))

@@ -55,11 +55,21 @@ class MlxBackend(TokenizerMethods):
     def n_past(self) -> int:
         return self._n_past
 
-    def forward(self, tokens: Sequence[int], *, last_only: bool = False) -> np.ndarray:
-        """Run ``tokens`` through the model; logits ``[n, V]`` (``[1, V]`` if ``last_only``)."""
-        n = len(tokens)
+    device_logits = True  # forward(lazy=True): logits stay on the device (edgespec.mlx_ops)
+
+    def forward(self, tokens: Sequence[int] | mx.array, *, last_only: bool = False,
+                lazy: bool = False) -> np.ndarray | mx.array:
+        """Run ``tokens`` through the model; logits ``[n, V]`` (``[1, V]`` if ``last_only``).
+
+        ``lazy``: return the logits as an unevaluated ``mx.array`` (``tokens`` may
+        be one too, e.g. a token just sampled on the device); the next evaluation
+        runs the pass. Otherwise evaluate now and return a numpy array.
+        """
+        if isinstance(tokens, mx.array):
+            n, ids = tokens.size, tokens.astype(mx.uint32).reshape(1, -1)
+        else:
+            n, ids = len(tokens), mx.array(list(tokens), dtype=mx.uint32)[None]
         check_forward(self._n_past, n, self.n_ctx)
-        ids = mx.array(list(tokens), dtype=mx.uint32)[None]
         start = 0
         try:
             # Long prompts go in chunks so the attention scores stay small.
@@ -71,12 +81,13 @@ class MlxBackend(TokenizerMethods):
             if last_only:
                 logits = logits[:, -1:, :]
             logits = logits[0].astype(mx.float32)
-            mx.eval(logits)
+            if not lazy:
+                mx.eval(logits)
         except BaseException:
             self.rewind(self._n_past)  # whatever part of the batch reached the cache is dropped
             raise
         self._n_past += n
-        return np.array(logits, copy=False)
+        return logits if lazy else np.array(logits, copy=False)
 
     def rewind(self, n_past: int) -> None:
         # The cache's own offset is the truth, also after an interrupted forward.

@@ -34,6 +34,8 @@ class DraftModel:
         # distribution before sampling, so proposals stay exactly distributed as q.
         self.min_confidence = min_confidence
         self._next_logits: np.ndarray | None = None  # [V] after the cached tokens
+        # A backend whose logits stay on its device (MLX) drafts there (edgespec.mlx_ops).
+        self._on_device = bool(getattr(backend, "device_logits", False))
 
     def attach(self, target: Backend) -> None:
         """Refuse a target whose vocabulary this model cannot draft for."""
@@ -46,7 +48,7 @@ class DraftModel:
                 and common_prefix_length(self.cache.tokens, context) == len(context):
             return 0
         self._next_logits = None
-        logits, evaluated = self.cache.sync(context, need_logits=True)  # [V]
+        logits, evaluated = self.cache.sync(context, need_logits=True, on_device=self._on_device)
         self._next_logits = logits
         return evaluated
 
@@ -59,24 +61,65 @@ class DraftModel:
             return Draft([])
         self.prefill(context)
         logits, self._next_logits = self._next_logits, None
+        if self._on_device:
+            return self._propose_on_device(context, logits, num_draft, params, rng)
         token_ids: list[int] = []
-        probs: list[np.ndarray] = []
+        # q of each draft, written in place (greedy drafts are one-hot in q, which the
+        # verifier reads from None).
+        probs = None if params.greedy else np.empty((num_draft, logits.shape[-1]), np.float32)
         for i in range(num_draft):
-            if params.greedy:
+            if probs is None:
                 if self.min_confidence and top_probability(logits) < self.min_confidence:
                     break
                 token = int(np.argmax(logits))
             else:
-                q = logits_to_probs(logits, params)  # [V]
+                q = logits_to_probs(logits, params, out=probs[i])  # [V]
                 if self.min_confidence and q.max() < self.min_confidence:
                     break
                 token = sample_from(q, rng)
-                probs.append(q)
             token_ids.append(token)
             if i + 1 < num_draft:
                 logits = self.cache.forward([token])[-1]
-        # Greedy drafts are one-hot in q, which the verifier reads from None.
-        return Draft(token_ids, np.stack(probs) if probs else None)
+        return Draft(token_ids, None if probs is None or not token_ids else probs[:len(token_ids)])
+
+    def _propose_on_device(self, context: Sequence[int], logits, num_draft: int,
+                           params: SamplingParams, rng: np.random.Generator) -> Draft:
+        """The same draft as :meth:`propose`'s loop, built as one lazy MLX graph (each
+        sampled token feeds the next forward on the device) and evaluated once.
+
+        The confidence stop is applied afterwards, on the host: it looks only at q
+        before each token is sampled, so the kept drafts are exactly the loop's;
+        the passes past the stop are wasted device work, not a round trip each.
+        """
+        import mlx.core as mx
+
+        from .. import mlx_ops
+        keys = None if params.greedy else mx.random.split(mlx_ops.key_from(rng), num_draft)
+        tokens, confidence, probs = [], [], []
+        for i in range(num_draft):
+            if params.greedy:
+                token = mx.argmax(logits)
+                confidence.append(mlx_ops.top_probability(logits[None])[0])
+            else:
+                q = mlx_ops.probs(logits[None], params)[0]  # [V]
+                token = mlx_ops.sample(q, keys[i])
+                confidence.append(q.max())
+                probs.append(q)
+            tokens.append(token)
+            if i + 1 < num_draft:
+                logits = self.backend.forward(token.reshape(1), lazy=True)[-1]
+        q_rows = mx.stack(probs) if probs else None
+        ids, confidence = mlx_ops.to_host(mx.stack(tokens), mx.stack(confidence),
+                                          also=[] if q_rows is None else [q_rows])
+        kept = num_draft
+        if self.min_confidence:
+            unsure = np.flatnonzero(confidence < self.min_confidence)
+            kept = int(unsure[0]) if len(unsure) else num_draft
+        # As the loop leaves it: the cache holds the context and every draft but the
+        # last, or all of them when it stopped early.
+        self.cache.record(ids[:num_draft - 1])
+        self.cache.rewind(len(context) + min(kept, num_draft - 1))
+        return Draft([int(t) for t in ids[:kept]], None if q_rows is None else q_rows[:kept])
 
     def accepted(self, num_accepted: int) -> None:
         """Nothing to learn; the next sync trims the rejected drafts."""

@@ -1,0 +1,105 @@
+"""``edgespec info``: what this machine and install can run, in one report.
+
+Every probe is allowed to fail: a missing or broken backend is reported as
+such (with the reason), never as a traceback, since this is the command a
+user runs when something does not work.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.metadata
+import os
+import platform
+import sys
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _llama_cpp() -> list[tuple[str, str]]:
+    try:
+        return _llama_cpp_rows()
+    except Exception as exc:  # an install that cannot load its library, too
+        return [("llama.cpp", f"cannot load: {exc}")]
+
+
+def _llama_cpp_rows() -> list[tuple[str, str]]:
+    import llama_cpp
+
+    from .backends.llamacpp import physical_core_count, use_extra_buffer_types
+    rows = [("llama.cpp", f"loads (llama-cpp-python {getattr(llama_cpp, '__version__', '?')})"),
+            ("  GPU offload (-ngl)", "supported" if llama_cpp.llama_supports_gpu_offload()
+             else "not in this build (CPU only; see README: installing with CUDA or Metal)")]
+    devices = _ggml_devices(llama_cpp)
+    if devices:
+        rows.append(("  devices", "; ".join(devices)))
+    rows.append(("  default threads", f"{physical_core_count()} (physical cores)"))
+    repack = use_extra_buffer_types()
+    rows.append(("  weight repacking", "on" if repack else
+                 "off (Intel AMX: llama.cpp's AMX buffers crash on batched decode; "
+                 "EDGESPEC_LLAMA_REPACK=1 forces it on)"))
+    info = llama_cpp.llama_print_system_info().decode(errors="replace").strip()
+    rows.append(("  system info", info))
+    return rows
+
+
+def _ggml_devices(llama_cpp) -> list[str]:
+    """The ggml backend devices (CPU, CUDA0, Metal, ...), where the library exports them."""
+    try:
+        lib = llama_cpp.llama_cpp._lib
+        lib.ggml_backend_dev_count.restype = ctypes.c_size_t
+        lib.ggml_backend_dev_get.restype = ctypes.c_void_p
+        lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+        for fn in (lib.ggml_backend_dev_name, lib.ggml_backend_dev_description):
+            fn.restype, fn.argtypes = ctypes.c_char_p, [ctypes.c_void_p]
+        devices = []
+        for i in range(lib.ggml_backend_dev_count()):
+            dev = lib.ggml_backend_dev_get(i)
+            name = lib.ggml_backend_dev_name(dev).decode(errors="replace")
+            description = lib.ggml_backend_dev_description(dev).decode(errors="replace")
+            devices.append(f"{name} ({description})" if description and description != name else name)
+        return devices
+    except Exception:  # an older library without the device API: the system info says enough
+        return []
+
+
+def _mlx() -> list[tuple[str, str]]:
+    try:
+        return _mlx_rows()
+    except Exception as exc:
+        return [("MLX", f"cannot load: {exc}")]
+
+
+def _mlx_rows() -> list[tuple[str, str]]:
+    import mlx.core as mx
+    rows = [("MLX", f"loads (mlx {_version('mlx')}, mlx-lm {_version('mlx-lm')})"),
+            ("  default device", str(mx.default_device()))]
+    try:
+        metal = mx.metal.is_available()
+    except Exception:
+        metal = False
+    rows.append(("  Metal", "available" if metal else "not available (MLX runs on the CPU)"))
+    return rows
+
+
+def report() -> list[tuple[str, str]]:
+    """(label, value) rows: versions, platform, and what each backend can do here."""
+    from .models import edgespec_home
+    rows = [("edgespec", _version("edgespec")),
+            ("python", f"{platform.python_version()} ({sys.executable})"),
+            ("platform", f"{platform.system()} {platform.machine()}, {os.cpu_count()} logical CPUs"),
+            ("numpy", _version("numpy")),
+            ("edgespec home", f"{edgespec_home()} (models, calibrations; EDGESPEC_HOME moves it)")]
+    return rows + _llama_cpp() + _mlx()
+
+
+def print_report() -> None:
+    rows = report()
+    width = max(len(label) for label, _ in rows)
+    for label, value in rows:
+        print(f"{label.ljust(width)}  {value}")

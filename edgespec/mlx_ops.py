@@ -1,0 +1,146 @@
+"""Sampling and verification where MLX's logits live: on the device.
+
+The numpy path (:mod:`edgespec.sampling`, :mod:`edgespec.verify`) brings every
+row of logits to the host. On Metal that round trip, one per drafted token,
+costs more than the arithmetic; here a round builds one lazy graph and
+evaluates it once: the draft model's k steps (each sampled token feeding the
+next forward as an ``mx.array``), and, separately, the verification of the
+target's rows. Only token ids and a few scalars cross to the host (counted in
+:data:`host_syncs`, so a test can hold the engine to two per round).
+
+The acceptance rule is the one in :mod:`edgespec.verify`, evaluated for every
+draft position at once: position i is accepted when ``u_i · q_i(x_i) <
+p_i(x_i)``, a replacement is drawn from every row's residual ``max(p_i - q_i,
+0)`` (from ``p_k`` after the last), and the host keeps the accepted prefix and
+the replacement at the first rejection. Draws beyond it are independent and
+unused, so the verdict is distributed exactly as the sequential rule's.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import mlx.core as mx
+import numpy as np
+
+from .sampling import SamplingParams
+from .verify import Verdict
+
+host_syncs = 0  # evaluations that brought results to the host, since import
+
+
+def to_host(*arrays: mx.array, also: Sequence[mx.array] = ()) -> list[np.ndarray]:
+    """Evaluate ``arrays`` (and ``also``, which stay on the device) together, and bring
+    ``arrays`` to the host: one synchronization."""
+    global host_syncs
+    mx.eval(*arrays, *also)
+    host_syncs += 1
+    return [np.array(a) for a in arrays]
+
+
+def key_from(rng: np.random.Generator) -> mx.array:
+    """An MLX random key drawn from the generation's numpy generator (so a seed
+    fixes device sampling too)."""
+    return mx.random.key(int(rng.integers(0, 2**64, dtype=np.uint64)))
+
+
+def probs(logits: mx.array, params: SamplingParams) -> mx.array:
+    """:func:`edgespec.sampling.logits_to_probs` in MLX operations, over the last axis.
+
+    The filters keep every token tied with the last one kept (the numpy path
+    breaks exact ties by index); otherwise the same order and the same rule.
+    """
+    vocab = logits.shape[-1]
+    if params.greedy:
+        return (mx.arange(vocab) == mx.argmax(logits, axis=-1, keepdims=True)).astype(mx.float32)
+    x = logits.astype(mx.float32)
+    p = mx.exp((x - x.max(axis=-1, keepdims=True)) * _inverse(params.temperature))
+    if 0 < params.top_k < vocab:
+        kth = mx.sort(p, axis=-1)[..., vocab - params.top_k][..., None]
+        p = mx.where(p >= kth, p, 0.0)
+    if params.top_p < 1.0:
+        ordered = -mx.sort(-p, axis=-1)
+        before = mx.cumsum(ordered, axis=-1) - ordered  # mass of the tokens ahead of each
+        inside = before < params.top_p * ordered.sum(axis=-1, keepdims=True)
+        smallest = mx.where(inside, ordered, mx.inf).min(axis=-1, keepdims=True)
+        p = mx.where(p >= smallest, p, 0.0)
+    if params.min_p > 0.0:
+        p = mx.where(p >= params.min_p * p.max(axis=-1, keepdims=True), p, 0.0)
+    return p / p.sum(axis=-1, keepdims=True)
+
+
+def sample(p: mx.array, key: mx.array) -> mx.array:
+    """One token id per row of probabilities ``p``: Gumbel-max over log p, as
+    ``mx.random.categorical``, but with the noise kept finite, so that an id without
+    probability never wins (a uniform draw of exactly 0 makes a Gumbel of -inf)."""
+    noisy = mx.maximum(mx.log(p) + mx.random.gumbel(shape=p.shape, key=key), _LOWEST)
+    return mx.argmax(mx.where(p > 0, noisy, -mx.inf), axis=-1)
+
+
+_LOWEST = float(np.finfo(np.float32).min)
+
+
+def _inverse(temperature: float) -> float:
+    """1 / temperature, capped to a finite float32 (a tiny temperature is then
+    greedy with ties shared, never inf - inf = NaN)."""
+    return min(1.0 / temperature, float(np.finfo(np.float32).max))
+
+
+def fit_vocab(q: mx.array, vocab_size: int) -> mx.array:
+    """q over the target's vocabulary (as :func:`edgespec.verify._fit_vocab`)."""
+    width = q.shape[-1]
+    if width > vocab_size:
+        return q[:, :vocab_size]
+    if width < vocab_size:
+        return mx.pad(q, [(0, 0), (0, vocab_size - width)])
+    return q
+
+
+def verify_on_device(logits: mx.array, draft_token_ids: Sequence[int], draft_probs,
+                     params: SamplingParams, rng: np.random.Generator) -> tuple[Verdict, np.ndarray]:
+    """The verdict on a round from the target's rows of logits ``[k+1, V]`` on the
+    device, and the target's top probability at each committed token; one sync.
+
+    ``draft_probs``: q ``[k, V']`` (an MLX or numpy array), or None for a
+    deterministic drafter (q one-hot on each draft).
+    """
+    num_draft = len(draft_token_ids)
+    if logits.shape[0] != num_draft + 1:
+        raise ValueError(f"target rows: got {logits.shape[0]} for {num_draft} drafts; "
+                         f"need k+1 = {num_draft + 1}")
+    vocab = logits.shape[-1]
+    if params.greedy:
+        argmax, top = to_host(mx.argmax(logits, axis=-1), top_probability(logits))
+        accepted = 0
+        while accepted < num_draft and int(argmax[accepted]) == draft_token_ids[accepted]:
+            accepted += 1
+        return (Verdict([int(t) for t in draft_token_ids[:accepted]], int(argmax[accepted])),
+                top[:accepted + 1])
+    p = probs(logits, params)  # [k+1, V]
+    key_u, key_x = mx.random.split(key_from(rng))
+    rows = p
+    accept = mx.zeros((0,), dtype=mx.bool_)
+    if num_draft:
+        ids = mx.array(list(draft_token_ids), dtype=mx.int32)[:, None]
+        p_x = mx.take_along_axis(p[:num_draft], ids, axis=1)[:, 0]
+        if draft_probs is None:  # q one-hot: accept with p(x), else resample without x
+            q_x = mx.ones((num_draft,))
+            residual = mx.where(mx.arange(vocab)[None] == ids, 0.0, p[:num_draft])
+        else:
+            q = fit_vocab(mx.array(draft_probs), vocab)
+            q_x = mx.take_along_axis(q, ids, axis=1)[:, 0]
+            residual = mx.maximum(p[:num_draft] - q, 0.0)
+        # Where p == q the residual is empty (up to rounding); p is then the exact answer.
+        residual = mx.where(residual.sum(axis=-1, keepdims=True) > 0, residual, p[:num_draft])
+        accept = mx.random.uniform(shape=(num_draft,), key=key_u) * q_x < p_x
+        rows = mx.concatenate([residual, p[num_draft:]], axis=0)
+    accept, tokens, top = to_host(accept, sample(rows, key_x), p.max(axis=-1))
+    accepted = num_draft if accept.all() else int(np.argmin(accept))
+    return Verdict([int(t) for t in draft_token_ids[:accepted]], int(tokens[accepted])), \
+        top[:accepted + 1]
+
+
+def top_probability(logits: mx.array) -> mx.array:
+    """The largest softmax probability of each row (temperature 1)."""
+    x = logits.astype(mx.float32)
+    return 1.0 / mx.exp(x - x.max(axis=-1, keepdims=True)).sum(axis=-1)
