@@ -126,7 +126,9 @@ class ProbRows:
 def top_probability(logits: np.ndarray) -> np.ndarray:
     """The largest softmax probability of each row of ``logits [..., V]`` (at
     temperature 0, the confidence a draft model's stop threshold is tested on)."""
-    return 1.0 / np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)
+    shifted = logits - logits.max(-1, keepdims=True)
+    np.exp(shifted, out=shifted)  # in place: one temporary over the vocabulary, not two
+    return 1.0 / shifted.sum(-1)
 
 
 def _top_p(probs: np.ndarray, top_p: float) -> None:
