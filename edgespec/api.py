@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 
 from .drafters import DraftModel
 from .engine import Engine
+from .errors import EdgespecError
 from .loading import BackendOptions, auto_planner, load_backend, load_drafter
 from .policy import PolicyConfig
 
 
-def load(model: str, draft: str | None = None, backend: str = "auto", *,
+def load(model: str | os.PathLike, draft: str | os.PathLike | None = None, backend: str = "auto", *,
          draft_backend: str | None = None, num_draft: int | str = "auto",
          draft_p_min: float | None = None, n_ctx: int = 4096,
          n_threads: int | None = None, n_gpu_layers: int = 0, flash_attn: bool | None = None,
@@ -31,6 +33,10 @@ def load(model: str, draft: str | None = None, backend: str = "auto", *,
     Raises :class:`~edgespec.errors.EdgespecError` with a readable reason on
     bad input (missing file, incompatible drafter, ...).
     """
+    model = os.fspath(model)  # a pathlib.Path will do as well as a string
+    draft = None if draft is None else os.fspath(draft)
+    if draft_n_threads is not None and draft_n_threads < 1:
+        raise EdgespecError(f"invalid --threads-draft {draft_n_threads}: must be >= 1")
     options = BackendOptions(backend=backend, n_ctx=n_ctx, n_threads=n_threads,
                              n_gpu_layers=n_gpu_layers, flash_attn=flash_attn,
                              mlx_quantize=mlx_quantize, fetch=fetch)

@@ -99,3 +99,23 @@ def test_models_list_shows_known_models():
     assert result.returncode == 0
     for name in ("smollm2-135m-instruct", "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"):
         assert name in result.stdout
+
+
+def test_info_reports_what_each_backend_can_do_here():
+    result = edgespec("info")
+    assert result.returncode == 0, result.stderr
+    lines = {line.strip().split("  ")[0]: line for line in result.stdout.splitlines()}
+    assert "loads (llama-cpp-python" in lines["llama.cpp"]
+    assert lines["GPU offload (-ngl)"] and lines["default threads"] and lines["weight repacking"]
+    assert "MLX" in lines and "default device" in lines
+
+
+def test_draft_model_threads_are_its_own(smollm2_path):
+    from edgespec import load
+    engine = load(smollm2_path, smollm2_path, n_threads=2, draft_n_threads=1, num_draft=2)
+    try:
+        assert engine.target.n_threads == 2 and engine.drafter.backend.n_threads == 1
+    finally:
+        engine.close()
+    assert_one_line_error(edgespec("generate", "-m", smollm2_path, "-d", smollm2_path, "-p", "hi",
+                                   "--threads-draft", "0"), "--threads-draft")
