@@ -81,8 +81,8 @@ def rejection_sample(
 
     ``target_probs`` is ``[k+1, V]`` (row i is p at draft position i, row k the
     distribution after the last draft; an array, or a
-    :class:`~edgespec.sampling.ProbRows` that computes only the rows read), ``draft_token_ids`` has length k, and
-    ``draft_probs`` is ``[k, V']`` or ``None`` for a deterministic drafter.
+    :class:`~edgespec.sampling.ProbRows` that computes only the rows read),
+    ``draft_token_ids`` has length k, and ``draft_probs`` is ``[k, V']`` or ``None`` for a deterministic drafter.
     ``V'`` may differ from ``V``: q of ids the target lacks cannot matter (p is
     0 there), and ids only the target has get q = 0. With k = 0 this samples
     one token from ``target_probs[0]``: a plain step.
