@@ -282,6 +282,8 @@ def load_calibration(path: Path) -> dict | None:
     try:  # the CostModel clamps; here only check that the numbers are numbers
         for table in ("v", "c"):
             {str(k): float(v) for k, v in data.get(table, {}).items()}
+        if any(int(n) < 1 for n in data["v"]):  # pass sizes: whole numbers of tokens
+            return None
     except (TypeError, ValueError, AttributeError):
         return None
     return data
@@ -335,7 +337,18 @@ def save_profile(target: str, recommendation: dict) -> Path | None:
 
 def load_profile(target: str) -> dict | None:
     """The saved pairing of ``target``, if ``edgespec bench --save-profile`` stored one."""
+    path = profile_path(target)
     try:
-        return json.loads(profile_path(target).read_text())
-    except (OSError, ValueError):
+        profile = json.loads(path.read_text())
+    except FileNotFoundError:
         return None
+    except (OSError, ValueError):
+        profile = None
+    k = profile.get("num_draft") if isinstance(profile, dict) else None
+    if isinstance(profile, dict) and isinstance(profile.get("draft"), str) and profile["draft"] \
+            and (k == "auto" or (isinstance(k, int) and not isinstance(k, bool) and k >= 1)):
+        return profile
+    import sys
+    print(f"edgespec: ignoring the saved profile {path}: it is not a drafter and k "
+          f"(run `edgespec bench --save-profile` again)", file=sys.stderr)
+    return None

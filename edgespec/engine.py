@@ -28,7 +28,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from .backends.base import Backend
+from .backends.base import Backend, check_token_ids
 from .cache import CachedModel, common_prefix_length
 from .detokenize import IncrementalDetokenizer, StopMatcher
 from .drafters.base import Draft, Drafter
@@ -146,7 +146,9 @@ class Engine:
         if isinstance(prompt, str):
             from .prompting import raw_prompt_ids
             return raw_prompt_ids(self.target, prompt)
-        return [int(t) for t in prompt]
+        ids = [int(t) for t in prompt]
+        check_token_ids(ids, self.target.vocab.size)
+        return ids
 
     def stream(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
                max_tokens: int = 256, stop: Sequence[str] = (), speculative: bool = True,

@@ -116,3 +116,28 @@ def test_calibration_file_round_trip_and_bad_files(tmp_path, monkeypatch):
     assert load_calibration(files[0]) is None
     save_calibration({"v": {"2": 1.5}, "c": {"toy-draft": 0.2}}, files[0])
     assert prior_for(target, [("toy-draft", draft)])["v"] == {"2": 1.5}  # read, not re-measured
+
+
+@pytest.mark.parametrize("content", ["[]", "null", '{"draft": null, "num_draft": 2}',
+                                     '{"draft": "lookup"}', '{"draft": "lookup", "num_draft": 0}',
+                                     '{"draft": "", "num_draft": "auto"}', "{not json"])
+def test_a_saved_profile_of_the_wrong_shape_is_ignored_with_a_warning(content, tmp_path,
+                                                                      monkeypatch, capsys):
+    from edgespec.costs import load_profile, profile_path, save_profile
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    path = profile_path("some-model")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(content)
+    assert load_profile("some-model") is None
+    assert "ignoring the saved profile" in capsys.readouterr().err
+    save_profile("some-model", {"mode": "fixed", "drafter": "lookup", "num_draft": 4, "speedup": 1.2})
+    assert load_profile("some-model")["num_draft"] == 4  # a good one is read back
+
+
+def test_a_calibration_with_sizes_that_are_not_token_counts_is_ignored(tmp_path):
+    path = tmp_path / "cal.json"
+    for bad in ('{"v": {"a": 1.5}}', '{"v": {"0": 1.0}}', '{"v": {"2": null}}', '{"v": [], "c": {}}'):
+        path.write_text(bad)
+        assert load_calibration(path) is None
+    path.write_text('{"v": {"2": 1.5}, "c": {"d": 0.3}}')
+    assert load_calibration(path) == {"v": {"2": 1.5}, "c": {"d": 0.3}}

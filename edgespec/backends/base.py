@@ -76,6 +76,16 @@ class TokenizerMethods:
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
 
 
+def check_token_ids(tokens: Sequence[int], vocab_size: int) -> None:
+    """Refuse ids outside ``0 .. vocab_size - 1`` before a model reads its embedding
+    table with them (out of range, MLX reads garbage or crashes the process)."""
+    from ..errors import EdgespecError
+    for token in tokens:
+        if not 0 <= int(token) < vocab_size:
+            raise EdgespecError(f"token id {int(token)} is outside the vocabulary "
+                                f"(0 .. {vocab_size - 1}): pass ids the model's tokenizer made")
+
+
 def check_forward(n_past: int, num_tokens: int, n_ctx: int) -> None:
     """The checks every backend's ``forward`` makes before it evaluates anything."""
     from ..errors import EdgespecError

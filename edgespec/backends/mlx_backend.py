@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import EdgespecError
-from .base import TokenizerMethods, VocabInfo, check_forward
+from .base import TokenizerMethods, VocabInfo, check_forward, check_token_ids
 
 try:
     import mlx.core as mx
@@ -67,7 +67,8 @@ class MlxBackend(TokenizerMethods):
         """
         if isinstance(tokens, mx.array):
             n, ids = tokens.size, tokens.astype(mx.uint32).reshape(1, -1)
-        else:
+        else:  # ids from outside: checked (ids sampled on the device are the model's own)
+            check_token_ids(tokens, self.vocab.size)
             n, ids = len(tokens), mx.array(list(tokens), dtype=mx.uint32)[None]
         check_forward(self._n_past, n, self.n_ctx)
         start = 0
