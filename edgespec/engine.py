@@ -160,7 +160,7 @@ class Engine:
         next call.
         """
         params = params or SamplingParams()
-        if max_tokens < 1:
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
             raise ValueError(f"invalid max_tokens={max_tokens!r}: must be an integer >= 1")
         prompt_ids = self.tokenize(prompt)
         if not prompt_ids:

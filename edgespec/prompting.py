@@ -12,12 +12,26 @@ def chat_prompt_ids(backend: Backend, messages: list[dict], *,
     Special tokens in the template are parsed; the BOS token is added only
     when the vocabulary wants one and the template did not write it already.
     """
+    check_messages(messages)
     text = backend.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
     ids = backend.tokenize(text, add_bos=False, special=True)
     bos = backend.vocab.bos_token_id
     if bos is not None and (not ids or ids[0] != bos):
         ids.insert(0, bos)
     return ids
+
+
+def check_messages(messages) -> None:
+    """Refuse anything but a non-empty list of ``{"role": str, "content": str}``."""
+    from .errors import EdgespecError
+    usage = 'give a list of {"role": "user" | "assistant" | "system", "content": "..."} dicts'
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise EdgespecError(f"messages must be a non-empty list, got {type(messages).__name__}: {usage}")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise EdgespecError(f"message {i} is a {type(message).__name__}, not a dict: {usage}")
+        if not isinstance(message.get("role"), str) or not isinstance(message.get("content"), str):
+            raise EdgespecError(f"message {i} needs a string 'role' and a string 'content': {usage}")
 
 
 def raw_prompt_ids(backend: Backend, text: str) -> list[int]:

@@ -34,10 +34,14 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
+        for field in ("temperature", "top_p", "min_p"):  # "0.7" or None: say so, not TypeError
+            value = getattr(self, field)
+            _check(isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool),
+                   field, value, "a number")
         _check(self.temperature >= 0 and np.isfinite(self.temperature),
                "temperature", self.temperature, "a finite number >= 0 (0 means greedy)")
-        _check(isinstance(self.top_k, (int, np.integer)) and self.top_k >= 0,
-               "top_k", self.top_k, "an integer >= 0 (0 disables it)")
+        _check(isinstance(self.top_k, (int, np.integer)) and not isinstance(self.top_k, bool)
+               and self.top_k >= 0, "top_k", self.top_k, "an integer >= 0 (0 disables it)")
         _check(0 < self.top_p <= 1, "top_p", self.top_p, "0 < top_p <= 1 (1 disables it)")
         _check(0 <= self.min_p < 1, "min_p", self.min_p, "0 <= min_p < 1 (0 disables it)")
         _check(self.seed is None or (isinstance(self.seed, (int, np.integer)) and self.seed >= 0),

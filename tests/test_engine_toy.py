@@ -151,3 +151,29 @@ def test_stop_matcher_holds_back_possible_beginnings():
     assert m.feed("en") == ("", False)
     assert m.feed("x") == ("</enx", False)
     assert m.feed("y</end>z") == ("y", True)
+
+
+@pytest.mark.parametrize("options, field", [
+    ({"temperature": "0.7"}, "temperature"), ({"temperature": None}, "temperature"),
+    ({"top_p": "0.9"}, "top_p"), ({"top_k": True}, "top_k"), ({"max_tokens": 1.5}, "max_tokens"),
+    ({"max_tokens": None}, "max_tokens"), ({"max_tokens": 0}, "max_tokens"),
+])
+def test_bad_api_values_name_the_field_before_any_work(options, field):
+    target, drafter = toy_pair()
+    engine = Engine(target, DraftModel(drafter), num_draft=2)
+    with pytest.raises(ValueError, match=field):
+        engine.generate([0, 1, 2], **{"max_tokens": 5, **options})
+    assert target.n_past == 0  # nothing was evaluated
+    assert len(engine.generate([0, 1, 2], GREEDY, max_tokens=5).token_ids) == 5  # still works
+
+
+@pytest.mark.parametrize("messages", ["hi", None, [], ["hi"], [{"role": "user"}],
+                                      [{"role": "user", "content": None}], [{"content": "hi"}]])
+def test_malformed_chat_messages_are_a_clear_error(messages):
+    target, drafter = toy_pair()
+    engine = Engine(target, DraftModel(drafter), num_draft=2)
+    with pytest.raises(EdgespecError, match="message"):
+        engine.chat(messages, params=GREEDY, max_tokens=3)
+    reply = engine.chat([{"role": "user", "content": "abc"}], stream=False, params=GREEDY,
+                        max_tokens=3)
+    assert len(reply.token_ids) == 3
