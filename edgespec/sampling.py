@@ -84,7 +84,8 @@ def logits_to_probs(logits: np.ndarray, params: SamplingParams, *,
         return out
     np.subtract(logits, logits.max(axis=-1, keepdims=True), out=out, casting="unsafe")
     # 1/T as a finite float32: a tiny T is then greedy with ties shared, not NaN.
-    out *= np.float32(min(1.0 / params.temperature, float(np.finfo(np.float32).max)))
+    with np.errstate(over="ignore"):  # far below the top, -inf is the right answer
+        out *= np.float32(min(1.0 / params.temperature, float(np.finfo(np.float32).max)))
     np.exp(out, out=out)
     vocab = out.shape[-1]
     if 0 < params.top_k < vocab:

@@ -177,3 +177,14 @@ def test_malformed_chat_messages_are_a_clear_error(messages):
     reply = engine.chat([{"role": "user", "content": "abc"}], stream=False, params=GREEDY,
                         max_tokens=3)
     assert len(reply.token_ids) == 3
+
+
+def test_a_vanishing_temperature_samples_the_argmax_instead_of_failing():
+    """1/T overflows float32 below T ~ 3e-39 (inf - inf = NaN); it is capped, so such a
+    temperature is greedy (ties shared) from the first token to the last."""
+    target, drafter = toy_pair()
+    engine = Engine(target, DraftModel(drafter), num_draft=2)
+    greedy = engine.generate([0, 1, 2], GREEDY, max_tokens=20).token_ids
+    for temperature in (1e-45, 1e-320):
+        assert engine.generate([0, 1, 2], temperature=temperature, seed=1,
+                               max_tokens=20).token_ids == greedy
