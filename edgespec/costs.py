@@ -32,6 +32,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 from collections import deque
 from pathlib import Path
@@ -348,7 +349,6 @@ def load_profile(target: str) -> dict | None:
     if isinstance(profile, dict) and isinstance(profile.get("draft"), str) and profile["draft"] \
             and (k == "auto" or (isinstance(k, int) and not isinstance(k, bool) and k >= 1)):
         return profile
-    import sys
     print(f"edgespec: ignoring the saved profile {path}: it is not a drafter and k "
           f"(run `edgespec bench --save-profile` again)", file=sys.stderr)
     return None

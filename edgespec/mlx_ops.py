@@ -54,7 +54,7 @@ def probs(logits: mx.array, params: SamplingParams) -> mx.array:
     if params.greedy:
         return (mx.arange(vocab) == mx.argmax(logits, axis=-1, keepdims=True)).astype(mx.float32)
     x = logits.astype(mx.float32)
-    p = mx.exp((x - x.max(axis=-1, keepdims=True)) * _inverse(params.temperature))
+    p = mx.exp((x - x.max(axis=-1, keepdims=True)) * params.inverse_temperature)
     if 0 < params.top_k < vocab:
         kth = mx.sort(p, axis=-1)[..., vocab - params.top_k][..., None]
         p = mx.where(p >= kth, p, 0.0)
@@ -78,12 +78,6 @@ def sample(p: mx.array, key: mx.array) -> mx.array:
 
 
 _LOWEST = float(np.finfo(np.float32).min)
-
-
-def _inverse(temperature: float) -> float:
-    """1 / temperature, capped to a finite float32 (a tiny temperature is then
-    greedy with ties shared, never inf - inf = NaN)."""
-    return min(1.0 / temperature, float(np.finfo(np.float32).max))
 
 
 def fit_vocab(q: mx.array, vocab_size: int) -> mx.array:

@@ -52,6 +52,12 @@ class SamplingParams:
         """True when decoding takes the argmax (temperature 0)."""
         return self.temperature == 0
 
+    @property
+    def inverse_temperature(self) -> float:
+        """1 / temperature, capped to a finite float32: below T ~ 3e-39 it would be inf,
+        and inf · 0 at the top logit NaN; capped, a vanishing T is greedy (ties shared)."""
+        return min(1.0 / self.temperature, float(np.finfo(np.float32).max))
+
     def with_(self, **changes) -> "SamplingParams":
         """A copy with some fields changed (validated like the original)."""
         return replace(self, **changes)
@@ -83,9 +89,8 @@ def logits_to_probs(logits: np.ndarray, params: SamplingParams, *,
         np.put_along_axis(out, np.argmax(logits, axis=-1)[..., None], 1.0, axis=-1)
         return out
     np.subtract(logits, logits.max(axis=-1, keepdims=True), out=out, casting="unsafe")
-    # 1/T as a finite float32: a tiny T is then greedy with ties shared, not NaN.
     with np.errstate(over="ignore"):  # far below the top, -inf is the right answer
-        out *= np.float32(min(1.0 / params.temperature, float(np.finfo(np.float32).max)))
+        out *= np.float32(params.inverse_temperature)
     np.exp(out, out=out)
     vocab = out.shape[-1]
     if 0 < params.top_k < vocab:

@@ -99,21 +99,23 @@ class DraftModel:
         for i in range(num_draft):
             if params.greedy:
                 token = mx.argmax(logits)
-                confidence.append(mlx_ops.top_probability(logits[None])[0])
+                if self.min_confidence:
+                    confidence.append(mlx_ops.top_probability(logits[None])[0])
             else:
                 q = mlx_ops.probs(logits[None], params)[0]  # [V]
                 token = mlx_ops.sample(q, keys[i])
-                confidence.append(q.max())
+                if self.min_confidence:
+                    confidence.append(q.max())
                 probs.append(q)
             tokens.append(token)
             if i + 1 < num_draft:
                 logits = self.backend.forward(token.reshape(1), lazy=True)[-1]
         q_rows = mx.stack(probs) if probs else None
-        ids, confidence = mlx_ops.to_host(mx.stack(tokens), mx.stack(confidence),
-                                          also=[] if q_rows is None else [q_rows])
+        to_host = [mx.stack(tokens)] + ([mx.stack(confidence)] if confidence else [])
+        ids, *confidence = mlx_ops.to_host(*to_host, also=[] if q_rows is None else [q_rows])
         kept = num_draft
-        if self.min_confidence:
-            unsure = np.flatnonzero(confidence < self.min_confidence)
+        if confidence:  # the stop, where the draft model's confidence fell below it
+            unsure = np.flatnonzero(confidence[0] < self.min_confidence)
             kept = int(unsure[0]) if len(unsure) else num_draft
         # As the loop leaves it: the cache holds the context and every draft but the
         # last, or all of them when it stopped early.
