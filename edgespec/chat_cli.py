@@ -12,7 +12,8 @@ from .session import ChatSession
 
 HELP = """commands:
   /help                 this list
-  /reset                forget the conversation
+  /reset                forget the conversation (-d suffix still remembers it)
+  /reset all            ... and the suffix drafter's memory of earlier ones
   /system TEXT          set the system message (and start over)
   /set NAME VALUE       temp, top_p, top_k, min_p, num_draft (k or auto), max_tokens
   /draft on|off         speculative decoding on or off
@@ -83,8 +84,11 @@ def _command(session: ChatSession, line: str, out) -> bool:
     if name == "help":
         print(HELP, file=out)
     elif name == "reset":
-        session.reset()
-        print("(conversation cleared)", file=out)
+        if arg not in ("", "all"):
+            raise EdgespecError("usage: /reset or /reset all")
+        session.reset(forget_memory=arg == "all")
+        print("(conversation cleared)" if not arg else "(conversation and drafter memory cleared)",
+              file=out)
     elif name == "system":
         session.system = arg or None
         session.reset()
@@ -210,6 +214,11 @@ def run_chat(args) -> int:
                 _reply(session, line, show_draft=args.show_draft, color=color, out=out)
             except EdgespecError as exc:
                 print(f"error: {exc}", file=out)
+            except KeyboardInterrupt:  # Ctrl-C during a command (e.g. a calibration)
+                print("(interrupted)", file=out)
+            except Exception as exc:  # a bug of ours: one line, and the conversation stays
+                print(f"error: {type(exc).__name__}: {exc} (the conversation is kept; "
+                      f"/save it and please report this)", file=out)
     finally:
         engine.close()
     return 0

@@ -13,18 +13,71 @@ DEFAULT_TEMPLATE = (
 
 def render_chat_template(template: str | None, messages: list[dict], *,
                          add_generation_prompt: bool = True, bos_token: str = "",
-                         eos_token: str = "") -> str:
-    """Render ``messages`` (dicts with ``role`` and ``content``) to a prompt string."""
+                         eos_token: str = "", max_chars: int | None = None) -> str:
+    """Render ``messages`` (dicts with ``role`` and ``content``) to a prompt string.
+
+    The template is someone else's code: it runs sandboxed, a result longer
+    than ``max_chars`` (what the context could hold) stops it as soon as it
+    is produced, and whatever it raises becomes a clear error.
+    """
+    import jinja2
+
+    from .errors import EdgespecError
+
+    limit = max_chars if max_chars is not None else DEFAULT_MAX_CHARS
+    env = _bounded_sandbox(limit)
+    try:
+        pieces, length = [], 0
+        for piece in env.from_string(template or DEFAULT_TEMPLATE).generate(
+                messages=messages, add_generation_prompt=add_generation_prompt,
+                bos_token=bos_token, eos_token=eos_token):
+            length += len(piece)
+            if length > limit:
+                raise _TooLong()
+            pieces.append(piece)
+        return "".join(pieces)
+    except _TooLong:
+        raise EdgespecError(f"the chat template's output is over {limit:,} characters, more than the "
+                            f"context can hold: shorten the conversation, or raise --ctx") from None
+    except (jinja2.TemplateError, ArithmeticError, TypeError, ValueError, LookupError,
+            AttributeError, RecursionError) as exc:
+        raise EdgespecError(f"the model's chat template failed on these messages "
+                            f"({type(exc).__name__}: {exc})") from None
+
+
+# Without a context to bound it (a caller that gives no max_chars), no chat template
+# needs more than this.
+DEFAULT_MAX_CHARS = 1 << 24
+
+
+class _TooLong(Exception):
+    pass
+
+
+def _bounded_sandbox(limit: int):
+    """Jinja's immutable sandbox, where ``'ab' * 25000000`` and ``9 ** 9 ** 9``
+    are refused before they are computed."""
     import jinja2
     from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class Bounded(ImmutableSandboxedEnvironment):
+        intercepted_binops = frozenset({"*", "**"})
+
+        def call_binop(self, context, operator, left, right):
+            if operator == "*":
+                for seq, times in ((left, right), (right, left)):
+                    if isinstance(seq, (str, list, tuple)) and isinstance(times, int) \
+                            and len(seq) * times > limit:
+                        raise _TooLong()
+            elif isinstance(right, (int, float)) and abs(right) > 64 \
+                    and isinstance(left, (int, float)) and abs(left) > 1:
+                raise jinja2.exceptions.SecurityError(f"{left} ** {right} is too large")
+            return super().call_binop(context, operator, left, right)
 
     def raise_exception(message):
         raise jinja2.exceptions.TemplateError(message)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=["jinja2.ext.loopcontrols"])
+    env = Bounded(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    return env.from_string(template or DEFAULT_TEMPLATE).render(
-        messages=messages, add_generation_prompt=add_generation_prompt,
-        bos_token=bos_token, eos_token=eos_token)
+    return env

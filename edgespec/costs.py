@@ -296,6 +296,9 @@ def prior_for(target: Backend, drafts: Sequence[tuple[str, Backend]]) -> dict:
     prior = load_calibration(path)
     if prior and all(name in prior.get("c", {}) for name, _ in drafts):
         return prior
+    if prior is None and path.exists():
+        print(f"edgespec: ignoring the cached costs {path}: not a calibration file "
+              f"(measuring again, and rewriting it)", file=sys.stderr)
     prior = calibrate(target, drafts).as_prior()
     save_calibration(prior, path)
     return prior
@@ -317,10 +320,37 @@ def save_calibration(prior: dict, path: Path) -> None:
 
 
 def profile_path(target: str) -> Path:
-    """Where the saved pairing of a target lives."""
+    """Where the saved pairing of a target lives: keyed by the model's content, so
+    two models that share a file name (in different folders) never share one."""
     from .models import edgespec_home
-    key = Path(target).name.replace("/", "_")
-    return edgespec_home() / "profiles" / f"{key}.json"
+    name = Path(str(target).rstrip("/")).name.replace("/", "_") or "model"
+    return edgespec_home() / "profiles" / f"{name}-{model_fingerprint(target)}.json"
+
+
+def model_fingerprint(target: str) -> str:
+    """A short hash of what a model argument names: a file's size and header (its
+    metadata), a folder's config and file sizes; a name not on disk by itself."""
+    from .errors import EdgespecError
+    from .models import resolve_model
+    h = hashlib.sha256()
+    try:
+        path = resolve_model(str(target), fetch=False)
+    except EdgespecError:  # a known name not downloaded, or a Hub id
+        path = Path(str(target)).expanduser()
+    try:
+        if path.is_file():
+            with open(path, "rb") as f:
+                h.update(f"{path.stat().st_size}|".encode() + f.read(1 << 20))
+        elif path.is_dir():
+            for item in sorted(path.iterdir()):
+                h.update(f"{item.name}|{item.stat().st_size}|".encode())
+                if item.name == "config.json":
+                    h.update(item.read_bytes())
+        else:
+            h.update(str(target).encode())
+    except OSError:
+        h.update(str(target).encode())
+    return h.hexdigest()[:16]
 
 
 def save_profile(target: str, recommendation: dict) -> Path | None:

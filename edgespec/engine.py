@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
@@ -37,6 +38,9 @@ from .planner import DraftReport, FixedPlanner, Planner, RoundResult
 from .sampling import SamplingParams, make_rng
 from .stats import GenerationStats
 from .verify import runnable_drafts, verify_round
+
+# Prompt tokens evaluated between two looks at a cancel (llama.cpp's default batch).
+PREFILL_CHUNK = 512
 
 
 @dataclass
@@ -66,7 +70,7 @@ class Generation:
     stats: GenerationStats
 
 
-@dataclass
+@dataclass(eq=False)
 class _Run:
     """The state of one generation, shared by the token loop and its caller."""
 
@@ -76,7 +80,10 @@ class _Run:
     max_tokens: int
     speculative: bool
     stats: GenerationStats
+    n_ctx: int  # the context it may fill (Engine.n_ctx)
     finish_reason: str | None = None
+    # Set by Engine.cancel() any time after the call that made this run returned.
+    cancelled: threading.Event = field(default_factory=threading.Event)
 
 
 class Engine:
@@ -86,7 +93,8 @@ class Engine:
     drafter, chosen round by round, starting from this model pair's cached
     costs, or a short calibration the first time); ``planner`` replaces either with a
     planner of your own. One generation runs at a time per engine;
-    :meth:`cancel` stops the running one from any thread.
+    :meth:`cancel` stops the running one from any thread, and :meth:`close`
+    (from any thread) cancels it, waits for it and frees the models.
     """
 
     def __init__(self, target: Backend, drafter: Drafter | None = None, *,
@@ -96,8 +104,13 @@ class Engine:
         self._clock = clock  # what times passes (tests give toy models a simulated one)
         self.target_cache = CachedModel(target)
         self._on_device = bool(getattr(target, "device_logits", False))
-        self._busy = threading.Lock()
-        self._cancel = threading.Event()
+        self._busy = threading.Lock()  # held by the one generation running
+        # Held while engine code touches the models, never across a yield: close()
+        # takes it to wait for a pass in flight, so it never frees a model in use.
+        self._models = threading.Lock()
+        self._closed = False
+        self._runs: weakref.WeakSet[_Run] = weakref.WeakSet()  # made and not finished
+        self._runs_lock = threading.Lock()
         self.planner: Planner | None = None
         self._auto: tuple[Planner | None, Drafter | None] = (None, None)  # the last auto planner
         self.configure(drafter, num_draft, planner)
@@ -111,6 +124,7 @@ class Engine:
         In auto mode the engine keeps what it learned across generations; it
         starts afresh only when the drafter or the mode changes.
         """
+        self._check_open()
         if num_draft != "auto" and not (isinstance(num_draft, int) and num_draft >= 1):
             raise ValueError(f"invalid num_draft={num_draft!r}: must be an integer >= 1 or 'auto'")
         if drafter is not None:
@@ -132,6 +146,14 @@ class Engine:
         """Use another drafter from the next generation on (checked like the first)."""
         self.configure(drafter, self.num_draft)
 
+    @property
+    def n_ctx(self) -> int:
+        """The context a generation may fill: the smallest of the target's and every
+        draft model's (llama.cpp rounds a context up to 256 tokens, MLX does not, so
+        a mixed pair may differ; a speculative run ends where a plain one would)."""
+        sizes = [getattr(d, "n_ctx", None) for d in self.active_drafters()]
+        return min([self.target.n_ctx] + [n for n in sizes if n])
+
     def active_drafters(self) -> list[Drafter]:
         """Every drafter a generation may consult."""
         return list(self.planner.drafters)
@@ -143,21 +165,32 @@ class Engine:
 
     def tokenize(self, prompt: str | Sequence[int]) -> list[int]:
         """Token ids of a prompt given as text (special tokens parsed) or as ids."""
+        self._check_open()
         if isinstance(prompt, str):
             from .prompting import raw_prompt_ids
             return raw_prompt_ids(self.target, prompt)
+        if not isinstance(prompt, (list, tuple, range, np.ndarray)):
+            raise EdgespecError(f"the prompt is a {type(prompt).__name__}: give text, or a list "
+                                f"of token ids")
+        for token in prompt:
+            if isinstance(token, (bool, np.bool_)) or not isinstance(token, (int, np.integer)):
+                raise EdgespecError(f"token id {token!r} is not an integer: give a list of token ids")
         ids = [int(t) for t in prompt]
         check_token_ids(ids, self.target.vocab.size)
         return ids
 
     def stream(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
                max_tokens: int = 256, stop: Sequence[str] = (), speculative: bool = True,
-               rng: np.random.Generator | None = None) -> Iterator[Chunk]:
+               rng: np.random.Generator | None = None,
+               cancel: threading.Event | None = None) -> Iterator[Chunk]:
         """Yield :class:`Chunk` objects as tokens are committed.
 
-        The last chunk has ``finish_reason`` and ``stats``. Closing the
-        generator early (or :meth:`cancel`) leaves the engine ready for the
-        next call.
+        Bad arguments raise here, before any work. The last chunk has
+        ``finish_reason`` and ``stats``. Closing the generator early, or
+        :meth:`cancel` at any time after this call returns (even before the
+        first chunk is read), leaves the engine ready for the next call.
+        ``cancel``: an event of your own that ends this generation alone
+        when set (a server's per-request stop).
         """
         params = params or SamplingParams()
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
@@ -165,22 +198,28 @@ class Engine:
         prompt_ids = self.tokenize(prompt)
         if not prompt_ids:
             raise EdgespecError("the prompt is empty: give at least one token of text")
-        if len(prompt_ids) >= self.target.n_ctx:
+        if len(prompt_ids) >= self.n_ctx:
             raise EdgespecError(
-                f"the prompt has {len(prompt_ids)} tokens but the context holds {self.target.n_ctx}: "
+                f"the prompt has {len(prompt_ids)} tokens but the context holds {self.n_ctx}: "
                 f"shorten the prompt or raise --ctx")
+        speculative = speculative and bool(self.active_drafters())
+        stats = GenerationStats(drafter=self.drafter_name if speculative else "none",
+                                prompt_tokens=len(prompt_ids))
+        run = _Run(list(prompt_ids), params, rng or make_rng(params), max_tokens, speculative, stats,
+                   self.n_ctx, cancelled=cancel or threading.Event())
+        with self._runs_lock:
+            self._runs.add(run)
+        return self._generation(run, stop)
+
+    def _generation(self, run: _Run, stop: Sequence[str]) -> Iterator[Chunk]:
         if not self._busy.acquire(blocking=False):
             raise EdgespecError("this engine is already generating: wait for the running "
                                 "generation to finish or cancel it first")
         try:
-            self._cancel.clear()
-            speculative = speculative and bool(self.active_drafters())
-            stats = GenerationStats(drafter=self.drafter_name if speculative else "none",
-                                    prompt_tokens=len(prompt_ids))
-            run = _Run(list(prompt_ids), params, rng or make_rng(params), max_tokens,
-                       speculative, stats)
             yield from self._stream_text(run, stop)
         finally:
+            with self._runs_lock:
+                self._runs.discard(run)
             self._busy.release()
 
     def generate(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
@@ -202,23 +241,43 @@ class Engine:
         fields may be given directly (``temperature=0.7, top_p=0.9``).
         """
         from .prompting import chat_prompt_ids
+        self._check_open()
         params, options = _sampling_from(params, options)
         chunks = self.stream(chat_prompt_ids(self.target, messages), params, **options)
         return chunks if stream else _collect(chunks)
 
     def close(self) -> None:
-        """Free the models (target and drafters); the engine is unusable afterwards.
+        """Cancel the running generation (from any thread), wait for the pass in
+        flight, and free the models. Every later call raises; closing twice is fine.
 
         In auto mode the costs measured while running become the next run's prior.
         """
-        self.planner.close()
-        self.target.close()
-        for drafter in self.active_drafters():
-            drafter.close()
+        if self._closed:
+            return
+        self._closed = True  # from here on nothing new starts
+        self.cancel()
+        with self._models:  # a pass in flight ends first; then no run touches a model again
+            self.planner.close()
+            self.target.close()
+            for drafter in self.active_drafters():
+                drafter.close()
 
     def cancel(self) -> None:
-        """Ask the running generation to stop after the token being committed."""
-        self._cancel.set()
+        """End every generation made so far (running or not yet started) after the
+        token being committed; generations made after this call are not affected."""
+        with self._runs_lock:
+            runs = list(self._runs)
+        for run in runs:
+            run.cancelled.set()
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EdgespecError("this engine is closed: load the model again to generate")
 
     # -- text layer -----------------------------------------------------------------
 
@@ -228,14 +287,23 @@ class Engine:
         tokens = self._decode(run)
         stopped = False
         try:
-            for token, from_draft in tokens:
-                text, stopped = matcher.feed(detok.add(token))
+            while True:
+                with self._models:  # the models are used only in here, and only while open
+                    if self._closed:
+                        run.finish_reason = "cancelled"
+                        break
+                    item = next(tokens, None)
+                    if item is None:
+                        break
+                    token, from_draft = item
+                    text, stopped = matcher.feed(detok.add(token))
                 yield Chunk(text, [token], from_draft)
                 if stopped:
                     run.finish_reason = "stop"
                     break
         finally:
-            tokens.close()  # runs the token loop's cleanup (cache rewind, timings)
+            with self._models:
+                tokens.close()  # runs the token loop's cleanup (cache rewind, timings)
         tail = "" if stopped else matcher.flush(detok.flush())
         yield Chunk(tail, [], False, run.finish_reason, run.stats)
 
@@ -250,14 +318,14 @@ class Engine:
         try:
             # Prefill all but the last prompt token: it is evaluated with the first
             # round's drafts, so even the first generated token is speculative.
-            _, evaluated = self.target_cache.sync(ctx[:-1], need_logits=False)
-            stats.prompt_eval_tokens = evaluated + 1
+            if not self._prefill(run):
+                return
             if run.speculative:
                 stats.draft_prompt_eval_tokens = sum(d.prefill(ctx) for d in self.active_drafters())
                 self.planner.begin(ctx)
             decode_start = self._clock()
             stats.prefill_time_s = decode_start - start
-            while True:
+            while not run.cancelled.is_set():
                 pending = self._round(run)
                 for i, (token, from_draft) in enumerate(pending):
                     if token in eos:
@@ -267,20 +335,38 @@ class Engine:
                         ctx.append(token)
                         yield token, from_draft
                         finish = "length" if (stats.generated_tokens >= run.max_tokens
-                                              or len(ctx) >= self.target.n_ctx) else \
-                            "cancelled" if self._cancel.is_set() else None
+                                              or len(ctx) >= run.n_ctx) else \
+                            "cancelled" if run.cancelled.is_set() else None
                     if finish:
                         run.finish_reason = finish
                         # Accepted drafts after the finish were never committed: uncount them.
                         stats.unaccept(sum(f for _, f in pending), sum(f for _, f in pending[i + 1:]))
                         return
+            run.finish_reason = "cancelled"
         finally:
             if decode_start is not None:
                 stats.decode_time_s = self._clock() - decode_start
-            self.target_cache.rewind(common_prefix_length(self.target_cache.tokens, ctx))
-            if run.speculative:
-                for drafter in self.active_drafters():
-                    drafter.rewind(ctx)
+            if not self._closed:  # (after close() the models are gone, and so is the state)
+                self.target_cache.rewind(common_prefix_length(self.target_cache.tokens, ctx))
+                if run.speculative:
+                    for drafter in self.active_drafters():
+                        drafter.rewind(ctx)
+
+    def _prefill(self, run: _Run) -> bool:
+        """Evaluate the prompt but its last token into the target's cache, in
+        chunks between which a cancel is seen; False if cancelled."""
+        prompt = run.context[:-1]
+        done = common_prefix_length(self.target_cache.tokens, prompt)
+        while True:
+            if run.cancelled.is_set():
+                run.finish_reason = "cancelled"
+                return False
+            done = min(done + PREFILL_CHUNK, len(prompt))
+            _, evaluated = self.target_cache.sync(prompt[:done], need_logits=False)
+            run.stats.prompt_eval_tokens += evaluated
+            if done == len(prompt):
+                run.stats.prompt_eval_tokens += 1  # the last prompt token, with the first drafts
+                return True
 
     def _round(self, run: _Run) -> list[tuple[int, bool]]:
         """One target pass over the pending token and a draft (if any); returns
@@ -289,7 +375,7 @@ class Engine:
         self.target_cache.sync(ctx[:-1], need_logits=False)  # drops last round's rejected drafts
         # Draft no more than the context holds or the caller will use (the target's
         # own token after the drafts makes up the last one).
-        limit = min(self.planner.max_draft, self.target.n_ctx - len(ctx),
+        limit = min(self.planner.max_draft, run.n_ctx - len(ctx),
                     run.max_tokens - stats.generated_tokens - 1)
         drafter, draft = self._draft(run, limit) if run.speculative and limit > 0 else (None, Draft([]))
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -115,7 +116,11 @@ def converted_path(gguf_path: Path, quantize: str) -> Path:
 
 
 def convert_gguf(gguf_path: str | os.PathLike, *, quantize: str = "4bit") -> Path:
-    """Convert a GGUF file to an mlx-lm model folder (cached); return the folder."""
+    """Convert a GGUF file to an mlx-lm model folder (cached); return the folder.
+
+    The folder is built under a temporary name and renamed into place, so a
+    crash half-way leaves no folder that looks complete.
+    """
     import gguf
     import mlx.core as mx
 
@@ -123,8 +128,9 @@ def convert_gguf(gguf_path: str | os.PathLike, *, quantize: str = "4bit") -> Pat
         raise EdgespecError(f"invalid MLX quantization {quantize!r}: use one of {', '.join(QUANTIZE_CHOICES)}")
     gguf_path = Path(gguf_path)
     out = converted_path(gguf_path, quantize)
-    if (out / "config.json").exists() and (out / "model.safetensors").exists():
+    if (out / "source.json").exists():  # written last, inside the folder before its rename
         return out
+    check_gguf_structure(gguf_path)
     try:
         reader = gguf.GGUFReader(str(gguf_path))
     except Exception as exc:
@@ -145,13 +151,44 @@ def convert_gguf(gguf_path: str | os.PathLike, *, quantize: str = "4bit") -> Pat
                 weights[name] = unpermute_rows(weights[name], kv_heads)
     if quantization:
         config["quantization"] = quantization
-    out.mkdir(parents=True, exist_ok=True)
-    partial = out / "model.safetensors.partial.safetensors"
-    mx.save_safetensors(str(partial), weights)
-    os.replace(partial, out / "model.safetensors")
-    (out / "config.json").write_text(json.dumps(config, indent=1))
-    (out / "source.json").write_text(json.dumps({"gguf": str(gguf_path.resolve()), "quantize": quantize}))
+    _remove_abandoned_builds(out)
+    building = out.with_name(f".{out.name}.{os.getpid()}.partial")
+    shutil.rmtree(building, ignore_errors=True)
+    building.mkdir(parents=True)
+    try:
+        mx.save_safetensors(str(building / "model.safetensors"), weights)
+        (building / "config.json").write_text(json.dumps(config, indent=1))
+        (building / "source.json").write_text(
+            json.dumps({"gguf": str(gguf_path.resolve()), "quantize": quantize}))
+        if out.exists():  # an incomplete folder from an older version, or a parallel build
+            shutil.rmtree(out, ignore_errors=True)
+        os.replace(building, out)
+    except BaseException:
+        shutil.rmtree(building, ignore_errors=True)
+        if (out / "source.json").exists():  # a parallel conversion finished first
+            return out
+        raise
     return out
+
+
+def check_gguf_structure(gguf_path: Path) -> None:
+    """Let llama.cpp's parser read the file first: it bounds every count by the
+    file's size, where the ``gguf`` package would allocate whatever a (hostile)
+    header declares, e.g. a metadata array of 2**40 elements."""
+    from .backends.llamacpp import GGUFTokenizer
+    GGUFTokenizer.from_file(gguf_path).close()
+
+
+def _remove_abandoned_builds(out: Path) -> None:
+    """Delete half-built folders of ``out`` whose process is gone (a crash, a kill)."""
+    for folder in out.parent.glob(f".{out.name}.*.partial"):
+        try:
+            pid = int(folder.name[len(out.name) + 2:-len(".partial")])
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except (ValueError, OSError):
+            pass
 
 
 def _per_layer_quantization(weights: dict, group_size_of) -> dict:

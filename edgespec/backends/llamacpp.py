@@ -20,7 +20,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import EdgespecError
-from .base import TokenizerMethods, VocabInfo, check_forward
+from .base import TokenizerMethods, VocabInfo, check_forward, closed_error
 
 try:
     import llama_cpp as _llama
@@ -167,6 +167,7 @@ class GGUFTokenizer:
         self._owns_model = owns_model
         self._vocab = _llama.llama_model_get_vocab(model)
         self.vocab = self._read_vocab()
+        self._unreadable = self._spm_without_byte_fallback()
 
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> "GGUFTokenizer":
@@ -191,48 +192,94 @@ class GGUFTokenizer:
         return VocabInfo(size=size, kind=_VOCAB_KINDS.get(_llama.llama_vocab_type(v), "?"),
                          bos_token_id=bos, eos_token_ids=eog, special_token_ids=specials)
 
+    def _spm_without_byte_fallback(self) -> tuple[set[str], list[str]] | None:
+        """For a SentencePiece vocabulary that lacks some of the 256 byte tokens:
+        the characters it has tokens for, and its special tokens' texts.
+
+        llama.cpp spells a character the vocabulary lacks as byte tokens, and
+        aborts the process (``std::out_of_range``) where those are missing, so
+        :meth:`tokenize` must refuse such text first. None: every text is safe.
+        """
+        if self.vocab.kind != "spm":
+            return None
+        v, byte_attr = self._vocab, _llama.LLAMA_TOKEN_ATTR_BYTE
+        special = _llama.LLAMA_TOKEN_ATTR_CONTROL | _llama.LLAMA_TOKEN_ATTR_USER_DEFINED
+        texts = [(self.token_text(t), _llama.llama_vocab_get_attr(v, t)) for t in range(self.vocab.size)]
+        if {f"<0x{b:02X}>" for b in range(256)} <= {text for text, attr in texts if attr & byte_attr}:
+            return None
+        chars = {text for text, attr in texts if len(text) == 1 and not attr & special}
+        return chars, [text for text, attr in texts if attr & special and text]
+
+    def _check_spelled(self, text: str, special: bool) -> None:
+        """Refuse ``text`` with a character this vocabulary can only spell in bytes it lacks."""
+        chars, specials = self._unreadable
+        if special:  # special tokens are cut out before the text is split into characters
+            for piece in specials:
+                text = text.replace(piece, "")
+        for char in dict.fromkeys(text.replace(" ", "\u2581")):  # (in order: the first named)
+            if char not in chars:
+                raise EdgespecError(
+                    f"this model's vocabulary has no token for {char!r} and no byte tokens to "
+                    f"spell it with (a SentencePiece vocabulary without byte fallback): "
+                    f"remove that character from the text, or use a model with a complete vocabulary")
+
+    def _live(self):
+        """The vocabulary pointer; after close() an error, not a read of freed memory."""
+        if self._vocab is None:
+            raise closed_error("the tokenizer")
+        return self._vocab
+
     def token_text(self, token_id: int) -> str:
         """The vocabulary's stored text of a token (for compatibility checks)."""
-        return _llama.llama_vocab_get_text(self._vocab, token_id).decode("utf-8", errors="replace")
+        return _llama.llama_vocab_get_text(self._live(), token_id).decode("utf-8", errors="replace")
 
     def tokenize(self, text: str, *, add_bos: bool = True, special: bool = True) -> list[int]:
+        vocab = self._live()
+        if self._unreadable:
+            self._check_spelled(text, special)
         data = text.encode("utf-8")
         capacity = len(data) + 8
         buffer = (_llama.llama_token * capacity)()
-        n = _llama.llama_tokenize(self._vocab, data, len(data), buffer, capacity, add_bos, special)
+        n = _llama.llama_tokenize(vocab, data, len(data), buffer, capacity, add_bos, special)
         if n < 0:  # buffer too small: -n is the size needed
             capacity = -n
             buffer = (_llama.llama_token * capacity)()
-            n = _llama.llama_tokenize(self._vocab, data, len(data), buffer, capacity, add_bos, special)
+            n = _llama.llama_tokenize(vocab, data, len(data), buffer, capacity, add_bos, special)
         return list(buffer[:n])
 
     def token_bytes(self, token_id: int) -> bytes:
+        vocab = self._live()
         buffer = ctypes.create_string_buffer(64)
-        n = _llama.llama_token_to_piece(self._vocab, token_id, buffer, 64, 0, True)
+        n = _llama.llama_token_to_piece(vocab, token_id, buffer, 64, 0, True)
         if n < 0:
             buffer = ctypes.create_string_buffer(-n)
-            n = _llama.llama_token_to_piece(self._vocab, token_id, buffer, -n, 0, True)
+            n = _llama.llama_token_to_piece(vocab, token_id, buffer, -n, 0, True)
         return buffer.raw[:n]
 
     def chat_template(self) -> str | None:
         """The Jinja chat template stored in the GGUF metadata, if any."""
+        self._live()
         template = _llama.llama_model_chat_template(self._model, None)
         return template.decode("utf-8") if template else None
 
-    def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True,
+                            max_chars: int | None = None) -> str:
         from ..chat_template import render_chat_template
         return render_chat_template(
             self.chat_template(), messages, add_generation_prompt=add_generation_prompt,
-            bos_token=self._special_text("bos"), eos_token=self._special_text("eos"))
+            bos_token=self._special_text("bos"), eos_token=self._special_text("eos"),
+            max_chars=max_chars)
 
     def _special_text(self, label: str) -> str:
         token = self.vocab.special_token_ids.get(label)
         return self.token_text(token) if token is not None else ""
 
     def close(self) -> None:
+        """Forget the model (and free it if this tokenizer loaded it); later calls raise."""
+        self._vocab = None
         if self._owns_model and self._model:
             _llama.llama_model_free(self._model)
-            self._model = None
+        self._model = None
 
 
 class LlamaCppBackend(TokenizerMethods):
@@ -266,7 +313,9 @@ class LlamaCppBackend(TokenizerMethods):
         ctx_params.type_k = ctx_params.type_v = {"f16": 1, "f32": 0}[kv_cache_type]
         self._ctx = _llama.llama_init_from_model(self._model, ctx_params)
         if not self._ctx:
+            self.tokenizer.close()
             _llama.llama_model_free(self._model)
+            self._model = None  # (or __del__ would free it twice)
             raise EdgespecError(
                 f"llama.cpp could not create a context of {n_ctx} tokens for {path} "
                 f"({_Log.last_error()}): try a smaller --ctx")
@@ -285,6 +334,8 @@ class LlamaCppBackend(TokenizerMethods):
 
     def forward(self, tokens: Sequence[int], *, last_only: bool = False) -> np.ndarray:
         """Decode ``tokens`` after the cache; logits ``[n, V]`` (or ``[1, V]``) as float32."""
+        if not self._ctx:
+            raise closed_error(self.name)
         n = len(tokens)
         check_forward(self._n_past, n, self.n_ctx)
         # Long inputs (prompts) go in n_batch chunks; logits only come from the last chunk.
@@ -328,6 +379,8 @@ class LlamaCppBackend(TokenizerMethods):
     def rewind(self, n_past: int) -> None:
         # Always remove from the KV cache itself: after an interrupted decode (Ctrl-C
         # lands right after llama_decode returns) it may hold more than _n_past says.
+        if not self._ctx:
+            raise closed_error(self.name)
         if not _llama.llama_memory_seq_rm(self._memory, 0, n_past, -1):
             raise EdgespecError(
                 f"{self.name} cannot rewind its cache (recurrent or sliding-window memory): "
@@ -341,6 +394,8 @@ class LlamaCppBackend(TokenizerMethods):
 
     def close(self) -> None:
         """Free the context and the model (the backend is unusable afterwards)."""
+        if getattr(self, "tokenizer", None) is not None:
+            self.tokenizer.close()  # it shares the model pointer freed below
         if getattr(self, "_ctx", None):
             _llama.llama_batch_free(self._batch)
             _llama.llama_free(self._ctx)

@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import EdgespecError
-from .base import TokenizerMethods, VocabInfo, check_forward, check_token_ids
+from .base import TokenizerMethods, VocabInfo, check_forward, check_token_ids, closed_error
 
 try:
     import mlx.core as mx
@@ -65,6 +65,8 @@ class MlxBackend(TokenizerMethods):
         be one too, e.g. a token just sampled on the device); the next evaluation
         runs the pass. Otherwise evaluate now and return a numpy array.
         """
+        if self.model is None:
+            raise closed_error(self.name)
         if isinstance(tokens, mx.array):
             n, ids = tokens.size, tokens.astype(mx.uint32).reshape(1, -1)
         else:  # ids from outside: checked (ids sampled on the device are the model's own)
@@ -92,6 +94,8 @@ class MlxBackend(TokenizerMethods):
 
     def rewind(self, n_past: int) -> None:
         # The cache's own offset is the truth, also after an interrupted forward.
+        if self.model is None:
+            raise closed_error(self.name)
         extra = self.cache[0].offset - n_past
         if extra > 0 and trim_prompt_cache(self.cache, extra) != extra:
             raise EdgespecError(f"{self.name}: the KV cache could not be trimmed by {extra} tokens")
@@ -154,12 +158,18 @@ class HFTokenizer:
             return bytes(self._byte_decoder[c] for c in piece)
         return piece.replace("\u2581", " ").encode()
 
-    def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True) -> str:
-        if getattr(self.hf, "chat_template", None):
+    def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True,
+                            max_chars: int | None = None) -> str:
+        from ..chat_template import render_chat_template
+        if not getattr(self.hf, "chat_template", None):
+            return render_chat_template(None, messages, add_generation_prompt=add_generation_prompt,
+                                        max_chars=max_chars)
+        try:  # transformers' own sandboxed renderer (the caller bounds the result's length)
             return self.hf.apply_chat_template(messages, tokenize=False,
                                                add_generation_prompt=add_generation_prompt)
-        from ..chat_template import render_chat_template
-        return render_chat_template(None, messages, add_generation_prompt=add_generation_prompt)
+        except Exception as exc:  # the template is the model's code: whatever it raises
+            raise EdgespecError(f"the model's chat template failed on these messages "
+                                f"({type(exc).__name__}: {exc})") from None
 
 
 def _bytes_to_unicode() -> dict[int, str]:

@@ -78,7 +78,8 @@ class TableBackend:
     def token_text(self, token_id: int) -> str:
         return self.token_bytes(token_id).decode("latin-1")
 
-    def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True,
+                            max_chars: int | None = None) -> str:
         return "".join(m["content"] for m in messages)
 
     def close(self) -> None:

@@ -104,7 +104,8 @@ class ToyBackend:
     def token_text(self, token_id: int) -> str:
         return chr(ord("a") + token_id)
 
-    def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True,
+                            max_chars: int | None = None) -> str:
         return "".join(m["content"] for m in messages)
 
     def close(self) -> None:

@@ -37,17 +37,29 @@ class DraftModel:
         # A backend whose logits stay on its device (MLX) drafts there (edgespec.mlx_ops).
         self._on_device = bool(getattr(backend, "device_logits", False))
 
+    @property
+    def n_ctx(self) -> int:
+        """The draft model's context (the engine fills no more than the smallest)."""
+        return self.backend.n_ctx
+
     def attach(self, target: Backend) -> None:
         """Refuse a target whose vocabulary this model cannot draft for."""
         from ..compat import check_compatible
         check_compatible(target, self.backend)
 
     def prefill(self, context: Sequence[int]) -> int:
-        """Make the cache hold ``context`` (with the logits after it); return tokens evaluated."""
+        """Make the cache hold ``context`` (with the logits after it); return tokens evaluated.
+
+        A context with a token this model's vocabulary lacks (a target may have up
+        to 128 more) cannot be read past it: the model then drafts nothing for the
+        rest of that context, and decoding goes on without it.
+        """
         if self._next_logits is not None and len(self.cache.tokens) == len(context) \
                 and common_prefix_length(self.cache.tokens, context) == len(context):
             return 0
         self._next_logits = None
+        if not self._can_read(context):
+            return 0
         logits, evaluated = self.cache.sync(context, need_logits=True, on_device=self._on_device)
         self._next_logits = logits
         return evaluated
@@ -61,6 +73,8 @@ class DraftModel:
             return Draft([])
         self.prefill(context)
         logits, self._next_logits = self._next_logits, None
+        if logits is None:  # a token it cannot read
+            return Draft([])
         if self._on_device:
             return self._propose_on_device(context, logits, num_draft, params, rng)
         token_ids: list[int] = []
@@ -122,6 +136,12 @@ class DraftModel:
         self.cache.record(ids[:num_draft - 1])
         self.cache.rewind(len(context) + min(kept, num_draft - 1))
         return Draft([int(t) for t in ids[:kept]], None if q_rows is None else q_rows[:kept])
+
+    def _can_read(self, context: Sequence[int]) -> bool:
+        """Whether every token of ``context`` not in the cache is in this vocabulary."""
+        size = self.backend.vocab.size
+        start = common_prefix_length(self.cache.tokens, context)
+        return all(0 <= t < size for t in context[start:])
 
     def accepted(self, num_accepted: int) -> None:
         """Nothing to learn; the next sync trims the rejected drafts."""

@@ -1,0 +1,173 @@
+"""Issue 15: the public API under random bad inputs and orderings.
+
+Drives ``edgespec.load`` (the tiny GGUF pair on the real llama.cpp),
+``Engine.generate/stream/chat/cancel/configure/tokenize``, ``ChatSession``
+(``send``, ``save``, ``load``) and the chat's commands with a few hundred
+random calls, good and bad, mixed with half-read streams and cancels. Every
+call must either work or raise ``EdgespecError``/``ValueError`` (anything
+else is a bug a desktop app would see as a crash), and afterwards the engine
+must give the same greedy generation as a fresh one. The seed is fixed, so
+a failure names a case that can be replayed.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import random
+
+import pytest
+
+import edgespec
+from edgespec import EdgespecError, SamplingParams
+from edgespec.chat_cli import _command
+from edgespec.session import ChatSession
+
+from ggufs import perturbed, tiny_llama_weights, write_tiny_llama_gguf
+
+CASES = 300
+GOOD_PROMPT = [1, 3, 4, 5, 6]
+GREEDY = SamplingParams(temperature=0)
+
+PROMPTS = [GOOD_PROMPT, [3], [], [-1, 3], [3, 16], [3, 10 ** 9], [3.0, 4], [True, 3], "abc",
+           "", "\u00e9\u4e2d\U0001F600", None, {"a": 1}, 42, b"abc", "x" * 5000, [3] * 600]
+TEMPERATURES = [0, 0.7, 1.5, -1, "0.7", None, math.nan, math.inf, 1e-320]
+TOP_KS = [0, 3, -2, 2.5, "5", None]
+TOP_PS = [1.0, 0.5, 0.0, 1.5, math.nan]
+MAX_TOKENS = [1, 6, 30, 0, -3, 1.5, None, "4", True]
+MESSAGES = [
+    [{"role": "user", "content": "ab"}],
+    [{"role": "system", "content": "s"}, {"role": "user", "content": "ba"}],
+    "hello", None, [], ["ab"], [{"role": "user"}], [{"role": "user", "content": None}],
+    [{"role": None, "content": "x"}], [{"role": "user", "content": {"nested": []}}],
+]
+TRANSCRIPTS = [
+    {"messages": [{"role": "user", "content": "ab"}, {"role": "assistant", "content": "ba"}]},
+    {"messages": [{"role": "user", "content": None}]}, {"messages": "x"}, [], None,
+    {"messages": [{"role": "wizard", "content": "x"}]}, {"messages": [], "system": 5},
+    "[" * 100000, "{not json",
+]
+COMMANDS = ["/help", "/stats", "/reset", "/set temp 0.5", "/set temp abc", "/set top_k -1",
+            "/set top_p 2", "/set num_draft 0", "/set num_draft 2", "/set num_draft x",
+            "/set max_tokens 1.5", "/set max_tokens 8", "/set", "/set bogus 1", "/draft maybe",
+            "/draft off", "/draft on", "/system be brief", "/bogus", "/save", "/load",
+            "/save {dir}", "/load {dir}", "/load {missing}", "/save {file}", "/load {file}"]
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory):
+    """A tiny pair whose vocabulary has byte tokens, so that any text can be tokenized."""
+    folder = tmp_path_factory.mktemp("fuzz")
+    weights = tiny_llama_weights(vocab_size=3 + 256 + 16, seed=7, eos_logit_scale=0.3)
+    target = str(write_tiny_llama_gguf(folder / "target.gguf", weights, byte_tokens=True))
+    draft = str(write_tiny_llama_gguf(folder / "draft.gguf", perturbed(weights, scale=0.3, seed=8),
+                                      byte_tokens=True))
+    fuzzed = edgespec.load(target, draft=draft, num_draft=3)
+    fresh = edgespec.load(target, draft=draft, num_draft=3)
+    yield fuzzed, fresh
+    fuzzed.close()
+    fresh.close()
+
+
+def sampling(rng: random.Random) -> dict:
+    options = {}
+    for name, values in (("temperature", TEMPERATURES), ("top_k", TOP_KS), ("top_p", TOP_PS)):
+        if rng.random() < 0.5:
+            options[name] = rng.choice(values)
+    options["max_tokens"] = rng.choice(MAX_TOKENS)
+    return options
+
+
+def one_case(rng: random.Random, engine, session: ChatSession, folder) -> str:
+    """Run one random call; return what it did (for the failure message)."""
+    kind = rng.choice(["generate", "stream", "chat", "cancel", "tokenize", "configure",
+                       "send", "transcript", "command"])
+    if kind == "generate":
+        prompt, options = rng.choice(PROMPTS), sampling(rng)
+        engine.generate(prompt, **options)
+        return f"generate({prompt!r:.40}, {options})"
+    if kind == "stream":
+        stream = engine.stream(rng.choice(PROMPTS[:3]), GREEDY, max_tokens=rng.choice([5, 40]))
+        read = rng.randrange(4)
+        for i, _ in enumerate(stream):
+            if i + 1 == read:
+                if rng.random() < 0.5:
+                    engine.cancel()
+                else:
+                    break
+        stream.close()
+        return f"stream(read {read})"
+    if kind == "chat":
+        messages = rng.choice(MESSAGES)
+        list(engine.chat(messages, max_tokens=rng.choice([1, 8]), temperature=rng.choice([0, 0.8])))
+        return f"chat({messages!r:.60})"
+    if kind == "cancel":
+        stream = engine.stream(GOOD_PROMPT, GREEDY, max_tokens=20)
+        engine.cancel()  # before the first chunk: the generation ends at once
+        chunks = list(stream)
+        assert chunks[-1].finish_reason == "cancelled" and not chunks[-1].stats.generated_tokens
+        return "cancel before the first chunk"
+    if kind == "tokenize":
+        prompt = rng.choice(PROMPTS)
+        engine.tokenize(prompt)
+        return f"tokenize({prompt!r:.40})"
+    if kind == "configure":
+        k = rng.choice([1, 3, 0, -1, 2.5, "x", None, "auto"] if rng.random() < 0.1 else [1, 3, 0, "x"])
+        try:
+            engine.configure(engine.drafter, k)
+        finally:
+            if engine.num_draft != 3:
+                engine.configure(engine.drafter, 3)  # keep comparing like with like
+        return f"configure(k={k!r})"
+    if kind == "send":
+        text = rng.choice(["ab", "", "   ", "ba ab", "x" * 3000, "\u00e9"])
+        stream = session.send(text)
+        for i, _ in enumerate(stream):
+            if i == 2 and rng.random() < 0.3:
+                break
+        stream.close()
+        return f"send({text!r:.20})"
+    if kind == "transcript":
+        path = folder / "t.json"
+        data = rng.choice(TRANSCRIPTS)
+        path.write_text(data if isinstance(data, str) else json.dumps(data))
+        before = list(session.messages)
+        try:
+            session.load(path)
+        except EdgespecError:
+            assert session.messages == before  # a bad file changes nothing
+            raise
+        return f"load transcript {str(data)[:40]}"
+    line = rng.choice(COMMANDS).format(dir=folder, missing=folder / "nope.json", file=folder / "s.json")
+    _command(session, line, io.StringIO())
+    return f"command {line}"
+
+
+def test_random_misuse_only_raises_clear_errors_and_leaves_the_engine_exact(engines, tmp_path,
+                                                                           monkeypatch):
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))  # where auto mode's costs go
+    engine, fresh = engines
+    rng = random.Random(20261130)
+    session = ChatSession(engine, params=SamplingParams(temperature=0), max_tokens=12)
+    outcomes = {"ok": 0, "refused": 0}
+    for case in range(CASES):
+        state = rng.getstate()
+        try:
+            one_case(rng, engine, session, tmp_path)
+            outcomes["ok"] += 1
+        except (EdgespecError, ValueError) as exc:
+            outcomes["refused"] += 1
+            assert str(exc), f"case {case}: an error without a message"
+        except Exception as exc:  # noqa: BLE001 - this is what the test looks for
+            rng.setstate(state)
+            raise AssertionError(f"case {case} raised {type(exc).__name__}: {exc}") from exc
+        if case % 50 == 49:  # the engine still gives exactly what a fresh one gives
+            engine.configure(engine.drafter, 3)
+            assert engine.generate(GOOD_PROMPT, GREEDY, max_tokens=12).token_ids == \
+                fresh.generate(GOOD_PROMPT, GREEDY, max_tokens=12).token_ids, f"after case {case}"
+    # Both kinds of outcome happened a fair number of times: the fuzz reached both.
+    assert outcomes["ok"] > CASES // 5 and outcomes["refused"] > CASES // 5, outcomes
+    engine.configure(engine.drafter, 3)
+    assert engine.generate(GOOD_PROMPT, GREEDY, max_tokens=20).token_ids == \
+        fresh.generate(GOOD_PROMPT, GREEDY, max_tokens=20).token_ids
