@@ -1,4 +1,4 @@
-"""The ``edgespec`` command line: generate, chat, pair, models, bench, quantize."""
+"""The ``edgespec`` command line: generate, chat, serve, pair, models, bench, quantize."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ def add_model_options(parser: argparse.ArgumentParser, *, model_required: bool =
                         help="target model: a .gguf path, an MLX directory or Hub id, "
                              "or a name from `edgespec models list`")
     parser.add_argument("-d", "--draft", default=None,
-                        help="drafter: a draft model (path or name), or 'lookup' for prompt lookup")
+                        help="drafter: a draft model (path or name), 'lookup' for prompt lookup, "
+                             "or 'suffix' (continuation counts over this and earlier conversations)")
     parser.add_argument("--backend", choices=BACKENDS, default="auto",
                         help="auto: MLX on Apple Silicon, llama.cpp elsewhere")
     parser.add_argument("--draft-backend", choices=BACKENDS, default=None,
@@ -224,6 +225,28 @@ def cmd_bench(args) -> int:
 # -- models --------------------------------------------------------------------------
 
 
+def cmd_serve(args) -> int:
+    """``edgespec serve``: load the models, serve until Ctrl-C, free the models."""
+    from .server import ServerSettings, serve
+    if args.queue < 0:
+        raise EdgespecError(f"invalid --queue {args.queue}: must be >= 0")
+    if not 0 <= args.port < 65536:
+        raise EdgespecError(f"invalid --port {args.port}: must be 1..65535 (0: any free port)")
+    params = sampling_params(args)
+    engine = build_engine(args, fetch=True)
+    try:
+        names = tuple(dict.fromkeys([engine.target.name, args.model]))
+        settings = ServerSettings(names, params, engine.num_draft, api_key=args.api_key,
+                                  queue_size=args.queue)
+        serve(engine, settings, host=args.host, port=args.port)
+    except KeyboardInterrupt:  # Ctrl-C is how a server is stopped: not an error
+        pass
+    finally:
+        engine.close()
+    print("edgespec: server stopped", file=sys.stderr)
+    return 0
+
+
 def cmd_models_list(args) -> int:
     from .models import manifests
     for name, m in manifests().items():
@@ -267,6 +290,16 @@ def make_parser() -> argparse.ArgumentParser:
     from .chat_cli import add_chat_parser
     add_chat_parser(commands, add_model_options)
 
+    p = commands.add_parser("serve", help="an OpenAI-compatible local server (and a chat page at /)")
+    add_model_options(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: this machine only)")
+    p.add_argument("--port", type=int, default=8080, help="0 picks a free port (printed)")
+    p.add_argument("--api-key", default=None,
+                   help="require Authorization: Bearer KEY on /v1 (needed to bind other addresses safely)")
+    p.add_argument("--queue", type=int, default=8,
+                   help="requests that may wait for their turn; more get 503 (default 8)")
+    p.set_defaults(func=cmd_serve)
+
     pair = commands.add_parser("pair", help="drafter/target pairing").add_subparsers(
         dest="pair_command", required=True)
     p = pair.add_parser("check", help="can DRAFT draft for TARGET?")
@@ -289,7 +322,9 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--temp", default="0,0.7", help="comma-separated temperatures")
     p.add_argument("--prompts", default="code,edit,chat",
                    help="comma-separated prompt sets (code, edit, chat; the validation split: "
-                        "code-val, edit-val, chat-val) or prompt files")
+                        "code-val, edit-val, chat-val; multi-turn conversations, each turn "
+                        "measured with the KV cache and drafters carried over: edit-chain, "
+                        "edit-chain-val) or prompt files")
     p.add_argument("--prompts-per-set", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--repeat", type=int, default=1)

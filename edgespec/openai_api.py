@@ -1,0 +1,228 @@
+"""The OpenAI wire format: requests checked into plain settings, results into responses.
+
+No web framework here: :mod:`edgespec.server` moves these dicts over HTTP.
+Field names and shapes follow OpenAI's chat and completions APIs; responses
+also carry llama-server's ``timings`` (``prompt_n``, ``predicted_per_second``,
+``draft_n``, ``draft_n_accepted``, ...) so that clients which read
+llama-server's numbers see edgespec's too.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from .sampling import SamplingParams
+from .stats import GenerationStats
+
+DRAFTERS = ("lookup", "model", "off")
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+class ApiError(Exception):
+    """An error response: HTTP status and OpenAI's ``{"error": {...}}`` body."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type = status, message, type
+        self.param, self.code, self.headers = param, code, headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+
+@dataclass
+class Request:
+    """What one chat or completions request asks for, checked."""
+
+    kind: str                      # "chat" or "completion"
+    prompt: list[dict] | str | list[int]  # chat messages, or a completion prompt
+    params: SamplingParams
+    max_tokens: int | None         # None: until the context is full
+    stop: list[str] = field(default_factory=list)
+    stream: bool = False
+    include_usage: bool = False
+    model: str | None = None
+    drafter: str | None = None     # "lookup", "model", "off"; None: the server's default
+    num_draft: int | str | None = None  # k or "auto"; None: the server's default
+
+
+def parse_request(body, kind: str, defaults: SamplingParams) -> Request:
+    """Check a request body; raise :class:`ApiError` (400) naming the bad field."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    if kind == "chat":
+        prompt = _messages(body.get("messages"))
+    else:
+        prompt = _prompt(body.get("prompt"))
+    n = body.get("n", 1)
+    if n not in (1, None):
+        raise ApiError(400, "only n = 1 is supported", param="n")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if body.get(name) not in (None, 0, 0.0):
+            raise ApiError(400, f"{name} is not supported: exact speculative decoding samples the "
+                                f"model's own distribution", param=name)
+    if body.get("logprobs") not in (None, False) or body.get("tools") or body.get("logit_bias"):
+        raise ApiError(400, "logprobs, tools and logit_bias are not supported", param="logprobs")
+    sampling = {name: body[key] for key, name in (("temperature", "temperature"), ("top_p", "top_p"),
+                                                   ("top_k", "top_k"), ("min_p", "min_p"),
+                                                   ("seed", "seed"))
+                if body.get(key) is not None}
+    try:
+        params = defaults.with_(**sampling)
+    except ValueError as exc:  # "invalid temperature='x': must be ..."
+        param = str(exc).removeprefix("invalid ").split("=")[0]
+        raise ApiError(400, str(exc), param=param) from None
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)
+                                   or max_tokens < 1):
+        raise ApiError(400, f"invalid max_tokens={max_tokens!r}: must be an integer >= 1",
+                       param="max_tokens")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise ApiError(400, "stream must be true or false", param="stream")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise ApiError(400, "stream_options must be an object", param="stream_options")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ApiError(400, "model must be a string", param="model")
+    drafter, num_draft = _speculative(body.get("speculative"))
+    return Request(kind, prompt, params, max_tokens, _stop(body.get("stop")), stream,
+                   bool(options.get("include_usage")), model, drafter, num_draft)
+
+
+def _messages(messages) -> list[dict]:
+    """OpenAI chat messages as role/content strings (text parts joined)."""
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "messages must be a non-empty list", param="messages")
+    out = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise ApiError(400, f"messages[{i}] must be an object", param=f"messages[{i}]")
+        role = message.get("role")
+        if role not in ROLES:
+            raise ApiError(400, f"messages[{i}] has role {role!r}: use system, user or assistant",
+                           param=f"messages[{i}].role")
+        content = message.get("content")
+        if isinstance(content, list):  # content parts: text only
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                       for p in content):
+                raise ApiError(400, f"messages[{i}].content: only text parts are supported",
+                               param=f"messages[{i}].content")
+            content = "".join(p["text"] for p in content)
+        if not isinstance(content, str):
+            raise ApiError(400, f"messages[{i}] needs text content", param=f"messages[{i}].content")
+        out.append({"role": ROLES[role], "content": content})
+    return out
+
+
+def _prompt(prompt) -> str | list[int]:
+    """A completions prompt: text, token ids, or a list of one of either."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str) and prompt:
+        return prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
+                                                   for t in prompt):
+        return prompt
+    raise ApiError(400, "prompt must be a non-empty string or list of token ids (one prompt only)",
+                   param="prompt")
+
+
+def _stop(stop) -> list[str]:
+    if stop is None:
+        return []
+    stop = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) for s in stop):
+        raise ApiError(400, "stop must be a string or a list of up to 4 strings", param="stop")
+    return stop
+
+
+def _speculative(option) -> tuple[str | None, int | str | None]:
+    """The extra ``speculative`` field: ``{"drafter": ..., "num_draft": ...}``."""
+    if option is None:
+        return None, None
+    if not isinstance(option, dict):
+        raise ApiError(400, 'speculative must be an object like {"drafter": "lookup", "num_draft": 4}',
+                       param="speculative")
+    drafter, k = option.get("drafter"), option.get("num_draft")
+    if drafter is not None and drafter not in DRAFTERS:
+        raise ApiError(400, f"speculative.drafter must be one of {', '.join(DRAFTERS)}",
+                       param="speculative.drafter")
+    if k is not None and k != "auto" and not (isinstance(k, int) and not isinstance(k, bool) and k >= 1):
+        raise ApiError(400, "speculative.num_draft must be an integer >= 1 or \"auto\"",
+                       param="speculative.num_draft")
+    return drafter, k
+
+
+# -- responses ------------------------------------------------------------------------------
+
+
+def new_id(kind: str) -> str:
+    return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+
+
+def finish(reason: str | None) -> str | None:
+    """edgespec's finish reasons in OpenAI's words (a cancelled run only reaches a
+    client that is gone, so "stop" will do)."""
+    return None if reason is None else "length" if reason == "length" else "stop"
+
+
+def usage(stats: GenerationStats) -> dict:
+    return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.generated_tokens,
+            "total_tokens": stats.prompt_tokens + stats.generated_tokens}
+
+
+def timings(stats: GenerationStats) -> dict:
+    """llama-server's ``timings``, plus the drafter edgespec used."""
+    predicted_ms = stats.decode_time_s * 1000
+    prompt_ms = stats.prefill_time_s * 1000
+    return {"prompt_n": stats.prompt_eval_tokens, "prompt_ms": prompt_ms,
+            "prompt_per_second": stats.prefill_tokens_per_second,
+            "predicted_n": stats.generated_tokens, "predicted_ms": predicted_ms,
+            "predicted_per_second": stats.tokens_per_second,
+            "draft_n": stats.drafted, "draft_n_accepted": stats.accepted,
+            "drafter": stats.drafter}
+
+
+def response(request: Request, id: str, model: str, text: str, reason: str,
+             stats: GenerationStats) -> dict:
+    """A whole (non-streamed) chat completion or text completion."""
+    if request.kind == "chat":
+        choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                  "finish_reason": finish(reason)}
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish(reason)}
+    return {"id": id, "object": "chat.completion" if request.kind == "chat" else "text_completion",
+            "created": int(time.time()), "model": model, "choices": [choice],
+            "usage": usage(stats), "timings": timings(stats)}
+
+
+def chunk(request: Request, id: str, model: str, text: str | None, *, from_draft: bool = False,
+          reason: str | None = None, stats: GenerationStats | None = None,
+          first: bool = False) -> dict:
+    """One streamed chunk. ``from_draft`` (an extra field) marks an accepted draft
+    token; the last chunk has the finish reason and the timings."""
+    if request.kind == "chat":
+        delta = {"role": "assistant", "content": text or ""} if first else \
+            ({"content": text} if text else {})
+        choice = {"index": 0, "delta": delta, "finish_reason": finish(reason)}
+    else:
+        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish(reason)}
+    if text:
+        choice["from_draft"] = from_draft
+    data = {"id": id, "object": "chat.completion.chunk" if request.kind == "chat" else "text_completion",
+            "created": int(time.time()), "model": model, "choices": [choice]}
+    if stats is not None:
+        data["timings"] = timings(stats)
+    return data
+
+
+def usage_chunk(request: Request, id: str, model: str, stats: GenerationStats) -> dict:
+    """The extra last chunk ``stream_options.include_usage`` asks for (no choices)."""
+    return {"id": id, "object": "chat.completion.chunk" if request.kind == "chat" else "text_completion",
+            "created": int(time.time()), "model": model, "choices": [], "usage": usage(stats)}

@@ -1,0 +1,339 @@
+"""``edgespec serve``: an OpenAI-compatible local server over one engine.
+
+FastAPI and uvicorn carry the HTTP; :mod:`edgespec.openai_api` the wire
+format. One model runs one generation at a time: requests wait their turn in
+a bounded FIFO queue (full: ``503`` with ``Retry-After``). A generation runs
+in a thread of its own and hands its chunks to the request's event loop; a
+client that goes away sets that generation's own cancel event, which the
+engine sees at the next token (or the next prefill chunk). The engine's KV
+cache keeps the longest common prefix across requests, so a follow-up turn
+of a conversation evaluates only its new tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import hmac
+import json
+import socket
+import sys
+import threading
+from dataclasses import dataclass
+from importlib import resources
+from typing import AsyncIterator
+
+from fastapi import FastAPI, Request as HttpRequest
+from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from .drafters import PromptLookup
+from .engine import Engine
+from .errors import EdgespecError
+from .openai_api import ApiError, Request, chunk, new_id, parse_request, response, usage_chunk
+from .sampling import SamplingParams
+
+DEFAULT_QUEUE = 8
+_END = object()
+
+
+@dataclass
+class ServerSettings:
+    """What the server was started with."""
+
+    model_names: tuple[str, ...]   # the served model's id first, then accepted aliases
+    defaults: SamplingParams
+    num_draft: int | str           # the default k or "auto"
+    api_key: str | None = None
+    queue_size: int = DEFAULT_QUEUE
+
+
+class Turns:
+    """One generation at a time, the others waiting in FIFO order, at most ``size``."""
+
+    def __init__(self, size: int):
+        self.size, self.waiting = size, 0
+        self._lock = asyncio.Lock()  # asyncio wakes waiters in the order they came
+
+    async def acquire(self) -> None:
+        if self.busy and self.waiting >= self.size:
+            raise ApiError(503, f"the server is busy ({self.waiting} requests waiting): retry shortly",
+                           type="server_error", code="queue_full", headers={"Retry-After": "1"})
+        self.waiting += 1
+        try:
+            await self._lock.acquire()
+        finally:
+            self.waiting -= 1
+
+    def release(self) -> None:
+        self._lock.release()
+
+    @property
+    def busy(self) -> bool:
+        """Whether a generation holds the turn."""
+        return self._lock.locked()
+
+
+class Server:
+    """The engine, its drafters and the queue in front of them."""
+
+    def __init__(self, engine: Engine, settings: ServerSettings):
+        self.engine, self.settings = engine, settings
+        self.model_drafter = engine.drafter if engine.drafter is not None \
+            and engine.drafter.name != "lookup" else None
+        self.lookup = engine.drafter if engine.drafter is not None and self.model_drafter is None \
+            else PromptLookup()
+        # What a request that does not say gets: as the server was started.
+        self.default_drafter = "off" if engine.drafter is None else \
+            "model" if self.model_drafter else "lookup"
+        self.turns: Turns | None = None  # made on the server's event loop
+        # (finish reason, stats) of the latest generations, cancelled ones too.
+        self.finished: collections.deque = collections.deque(maxlen=64)
+
+    # -- one request --------------------------------------------------------------------
+
+    def start(self, request: Request, cancel: threading.Event):
+        """Set the request's drafter and k, and make its generation (checks the prompt)."""
+        engine = self.engine
+        drafter_choice = request.drafter or self.default_drafter
+        speculative = drafter_choice != "off"
+        if drafter_choice == "model" and not self.model_drafter:
+            raise ApiError(400, "this server has no draft model: use drafter lookup or off "
+                                "(or start it with -d MODEL)", param="speculative.drafter")
+        if speculative:
+            drafter = self.model_drafter if drafter_choice == "model" else self.lookup
+            k = request.num_draft or self.settings.num_draft
+            if drafter is not engine.drafter or k != engine.num_draft:
+                engine.configure(drafter, k)
+        options = dict(max_tokens=request.max_tokens or engine.n_ctx, stop=request.stop,
+                       speculative=speculative, cancel=cancel)
+        if request.kind == "chat":
+            return engine.chat(request.prompt, params=request.params, **options)
+        return engine.stream(request.prompt, request.params, **options)
+
+    async def run(self, request: Request, http_request) -> AsyncIterator:
+        """Wait for a turn, then yield the generation's chunks as they come.
+
+        Raises :class:`ApiError` before the first chunk (queue full, bad prompt).
+        The turn passes on only when the generation's thread has finished.
+        """
+        await self.turns.acquire()
+        loop = asyncio.get_running_loop()
+        cancel = threading.Event()
+        try:
+            chunks = await asyncio.to_thread(self.start, request, cancel)
+        except BaseException as exc:
+            self.turns.release()
+            if isinstance(exc, (EdgespecError, ValueError)):
+                raise ApiError(400, str(exc), param=_param_of(exc)) from None
+            raise
+        queue: asyncio.Queue = asyncio.Queue()
+
+        def produce() -> None:
+            try:
+                for item in chunks:
+                    if item.finish_reason is not None:
+                        self.finished.append((item.finish_reason, item.stats))
+                    loop.call_soon_threadsafe(queue.put_nowait, item)
+            except BaseException as exc:  # noqa: BLE001 - handed to the request
+                loop.call_soon_threadsafe(queue.put_nowait, exc)
+            finally:
+                chunks.close()
+                with contextlib.suppress(RuntimeError):  # (the loop is gone at shutdown)
+                    loop.call_soon_threadsafe(queue.put_nowait, _END)
+                    loop.call_soon_threadsafe(self.turns.release)
+
+        threading.Thread(target=produce, name="edgespec-generation", daemon=True).start()
+        try:
+            while (item := await queue.get()) is not _END:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            cancel.set()  # a client gone (or done): the generation ends at its next token
+
+
+def _param_of(exc: Exception) -> str | None:
+    text = str(exc)
+    if text.startswith("invalid ") and "=" in text:
+        return text.removeprefix("invalid ").split("=")[0]
+    return "messages" if "message" in text else "prompt" if "prompt" in text else None
+
+
+def create_app(engine: Engine, settings: ServerSettings):
+    """The FastAPI application serving ``engine``."""
+    server = Server(engine, settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        server.turns = Turns(settings.queue_size)
+        yield
+
+    app = FastAPI(title="edgespec", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.server = server
+
+    def error_response(error: ApiError) -> JSONResponse:
+        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+    @app.exception_handler(ApiError)
+    async def on_api_error(_, error: ApiError):
+        return error_response(error)
+
+    @app.exception_handler(HTTPException)
+    async def on_http_error(_, error: HTTPException):
+        return error_response(ApiError(error.status_code, str(error.detail),
+                                       code="not_found" if error.status_code == 404 else None))
+
+    @app.exception_handler(Exception)
+    async def on_bug(_, error: Exception):  # a bug of ours: a message, never a traceback
+        return error_response(ApiError(500, f"internal error ({type(error).__name__}: {error})",
+                                       type="server_error"))
+
+    def authorize(http_request: HttpRequest) -> None:
+        if settings.api_key is None:
+            return
+        header = http_request.headers.get("authorization", "")
+        given = header.removeprefix("Bearer ").strip() if header.startswith("Bearer ") else ""
+        if not hmac.compare_digest(given.encode(), settings.api_key.encode()):
+            raise ApiError(401, "missing or wrong API key: send Authorization: Bearer KEY",
+                           code="invalid_api_key")
+
+    async def body_of(http_request: HttpRequest) -> dict:
+        try:
+            return json.loads(await http_request.body())
+        except (ValueError, RecursionError):
+            raise ApiError(400, "the request body is not valid JSON") from None
+
+    async def complete(http_request: HttpRequest, kind: str):
+        authorize(http_request)
+        request = parse_request(await body_of(http_request), kind, settings.defaults)
+        if request.model not in (None, "", *settings.model_names):
+            raise ApiError(404, f"the model {request.model!r} is not served here: use "
+                                f"{settings.model_names[0]!r} (see /v1/models)",
+                           param="model", code="model_not_found")
+        model, id = settings.model_names[0], new_id(kind)
+        chunks = server.run(request, http_request)
+        first = await chunks.__anext__()  # waits for a turn; errors still become statuses
+        if request.stream:
+            return StreamingResponse(_sse(request, id, model, first, chunks),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        return await _whole(request, id, model, first, chunks, http_request)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(http_request: HttpRequest):
+        return await complete(http_request, "chat")
+
+    @app.post("/v1/completions")
+    async def completions(http_request: HttpRequest):
+        return await complete(http_request, "completion")
+
+    @app.get("/v1/models")
+    async def models(http_request: HttpRequest):
+        authorize(http_request)
+        return {"object": "list", "data": [{"id": settings.model_names[0], "object": "model",
+                                            "created": 0, "owned_by": "edgespec"}]}
+
+    @app.get("/health")
+    async def health():
+        turns = server.turns
+        return {"status": "ok", "generating": bool(turns and turns.busy),
+                "waiting": turns.waiting if turns else 0}
+
+    @app.get("/", response_class=HTMLResponse)
+    async def page():
+        return resources.files("edgespec").joinpath("web/chat.html").read_text(encoding="utf-8")
+
+    return app
+
+
+async def _sse(request: Request, id: str, model: str, first, chunks) -> AsyncIterator[str]:
+    """Server-sent events: a chunk per token, the finish, usage if asked, ``[DONE]``."""
+    def event(data: dict) -> str:
+        return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+    try:
+        if request.kind == "chat":
+            yield event(chunk(request, id, model, "", first=True))
+        item = first
+        while True:
+            if item.finish_reason is not None:
+                if item.text:
+                    yield event(chunk(request, id, model, item.text))
+                yield event(chunk(request, id, model, None, reason=item.finish_reason,
+                                  stats=item.stats))
+                if request.include_usage:
+                    yield event(usage_chunk(request, id, model, item.stats))
+                yield "data: [DONE]\n\n"
+                return
+            if item.text:
+                yield event(chunk(request, id, model, item.text, from_draft=item.from_draft))
+            item = await chunks.__anext__()
+    finally:
+        await chunks.aclose()  # a client gone: its generation's cancel is set here
+
+
+async def _whole(request: Request, id: str, model: str, first, chunks, http_request):
+    """Collect a whole generation; a client that disconnects meanwhile cancels it."""
+    async def collect():
+        texts, item = [], first
+        while item.finish_reason is None:
+            texts.append(item.text)
+            item = await chunks.__anext__()
+        texts.append(item.text)
+        return response(request, id, model, "".join(texts), item.finish_reason, item.stats)
+
+    async def disconnected():
+        while (await http_request.receive())["type"] != "http.disconnect":
+            pass
+
+    result, gone = asyncio.ensure_future(collect()), asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({result, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (gone, result):
+            if not task.done():
+                task.cancel()
+        await asyncio.gather(result, gone, return_exceptions=True)
+        await chunks.aclose()  # (a client gone: its generation's cancel is set here)
+    if result.cancelled():
+        return None  # nobody is listening
+    return result.result()
+
+
+def serve(engine: Engine, settings: ServerSettings, *, host: str, port: int) -> None:
+    """Run the server until Ctrl-C; the caller closes the engine afterwards.
+
+    The socket is bound before the "serving on" line is printed, so a client
+    (or a test) that reads it can connect at once; ``port=0`` picks a free port.
+    """
+    import uvicorn
+    if host not in ("127.0.0.1", "localhost", "::1") and settings.api_key is None:
+        print(f"edgespec: warning: serving on {host} without --api-key: anyone who can reach "
+              f"this machine can use the model", file=sys.stderr)
+    try:
+        sock = bind(host, port)
+    except OSError as exc:
+        raise EdgespecError(f"cannot listen on {host}:{port} ({exc.strerror or exc}): "
+                            f"choose another --port") from None
+    bound = sock.getsockname()[1]
+    print(f"edgespec: serving {settings.model_names[0]} on http://{host}:{bound} "
+          f"(OpenAI API at /v1, chat page at /); Ctrl-C stops", file=sys.stderr, flush=True)
+    server = uvicorn.Server(uvicorn.Config(create_app(engine, settings), log_level="warning"))
+    with sock:
+        server.run(sockets=[sock])
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (IPv6 when the host is one)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return sock
