@@ -20,9 +20,9 @@ from .costs import CostModel, calibrate
 from .drafters import DraftModel, PromptLookup
 from .engine import Engine
 from .errors import EdgespecError
-from .loading import BackendOptions, load_backend, pick_backend
+from .loading import BUILTIN_DRAFTERS, BackendOptions, load_backend, pick_backend
 from .models import resolve_model
-from .prompt_sets import load_prompt_set
+from .prompt_sets import load_conversations
 from .prompting import chat_prompt_ids
 from .policy import AdaptivePlanner, PolicyConfig, auto_drafters
 from .sampling import SamplingParams
@@ -68,11 +68,15 @@ class RunRecord:
     drafted_per_position: list[int]
     accepted_per_position: list[int]
     rounds_per_drafter: dict[str, int]
+    turn: int = 1        # which user turn of a conversation (1 for single prompts)
 
 
-def validate(config: BenchConfig, options: BackendOptions) -> dict[str, list[str]]:
-    """Check every input before any model loads: prompt sets, drafters, vocabularies."""
-    prompts = {name: load_prompt_set(name)[:config.prompts_per_set] for name in config.prompt_sets}
+def validate(config: BenchConfig, options: BackendOptions) -> dict[str, list[list[str]]]:
+    """Check every input before any model loads: prompt sets, drafters, vocabularies.
+
+    Returns each set's conversations (a single prompt is a one-turn conversation).
+    """
+    prompts = {name: load_conversations(name)[:config.prompts_per_set] for name in config.prompt_sets}
     if not config.drafters:
         raise EdgespecError("no drafters to compare: give --drafters D1,D2 (models or 'lookup')")
     if any(k < 1 for k in config.num_draft):
@@ -87,7 +91,7 @@ def validate(config: BenchConfig, options: BackendOptions) -> dict[str, list[str
         target = GGUFTokenizer.from_file(resolve_model(config.target, fetch=options.fetch))
         target.name = config.target
         for spec in config.drafters:
-            if spec == "lookup":
+            if spec in BUILTIN_DRAFTERS:
                 continue
             if pick_backend(spec, options.backend) != "llama.cpp":
                 continue  # MLX drafters are checked when the engine pairs them
@@ -107,8 +111,8 @@ def run_bench(config: BenchConfig, options: BackendOptions, *, progress=None, lo
     target = load_backend(config.target, options)
     drafters, memory = {}, {}  # by display name: a model name, or a file's stem
     for spec in config.drafters:
-        if spec == "lookup":
-            drafters[spec], memory[spec] = PromptLookup(), 0
+        if spec in BUILTIN_DRAFTERS:
+            drafters[spec], memory[spec] = BUILTIN_DRAFTERS[spec](), 0
         else:
             backend = load_backend(spec, options)
             drafters[backend.name] = DraftModel(backend)
@@ -122,35 +126,39 @@ def run_bench(config: BenchConfig, options: BackendOptions, *, progress=None, lo
     fixed = [(name, k) for name in drafters for k in config.num_draft]
     # Auto mode runs with prompt lookup and the first draft model listed.
     auto_drafter = model_drafters[0] if model_drafters else None
-    total = (config.repeat * len(config.temperatures) * sum(len(p) for p in prompts.values())
+    total = (config.repeat * len(config.temperatures) * sum(len(c) for p in prompts.values() for c in p)
              * (2 + len(fixed) + config.auto))
     runs: list[RunRecord] = []
     done = 0
     for repeat in range(config.repeat):
         for temperature in config.temperatures:
-            for set_name, set_prompts in prompts.items():
-                for index, prompt in enumerate(set_prompts):
-                    ids = chat_prompt_ids(target, [{"role": "user", "content": prompt}])
+            for set_name, conversations in prompts.items():
+                for index, turns in enumerate(conversations):
                     params = SamplingParams(temperature=temperature, seed=config.seed + repeat)
                     plans = [("plain", "none", 0)] + [("fixed", name, k) for name, k in fixed]
                     if config.auto:
                         plans.append(("auto", auto_drafter.name if auto_drafter else "lookup", 0))
                     plans.append(("plain", "none", 0))
-                    generations = []
+                    replies = []  # per plan, a generation per turn
                     for mode, name, k in plans:
-                        generations.append(_run_one(engine, mode, drafters.get(name), k, prior,
-                                                    ids, params, config))
-                        done += 1
-                        if progress:
-                            progress(done, total, _record(mode, generations[-1].stats.drafter, k,
-                                                          temperature, set_name, index, repeat,
-                                                          generations[-1], 0.0))
+                        replies.append([])
+                        for g in _run_conversation(engine, target, mode, drafters.get(name), k,
+                                                   prior, turns, params, config):
+                            replies[-1].append(g)
+                            done += 1
+                            if progress:
+                                progress(done, total, _record(mode, g.stats.drafter, k, temperature,
+                                                              set_name, index, repeat, g, 0.0))
                     # Plain decoding before and after the modes: their mean is the base, so a
                     # machine that speeds up or slows down during the prompt biases no mode.
-                    base = statistics.mean(generations[i].stats.tokens_per_second for i in (0, -1))
-                    for (mode, _, k), g in zip(plans, generations):
-                        runs.append(_record(mode, g.stats.drafter, k, temperature, set_name, index,
-                                            repeat, g, base))
+                    for turn in range(len(turns)):
+                        base = statistics.mean(replies[i][turn].stats.tokens_per_second for i in (0, -1))
+                        # Later turns of a conversation are a set of their own: they are
+                        # where earlier answers can be drafted from.
+                        name = set_name if turn == 0 else f"{set_name}@2+"
+                        for (mode, _, k), gens in zip(plans, replies):
+                            runs.append(_record(mode, gens[turn].stats.drafter, k, temperature, name,
+                                                index, repeat, gens[turn], base, turn + 1))
     result = {
         "schema_version": SCHEMA_VERSION,
         "machine": {"node": platform.node(), "machine": platform.machine(),
@@ -171,12 +179,15 @@ def run_bench(config: BenchConfig, options: BackendOptions, *, progress=None, lo
     return result
 
 
-def _run_one(engine: Engine, mode: str, drafter, k: int, prior: dict, ids, params, config):
-    """One generation: plain decoding, a fixed drafter and k, or auto mode."""
-    if mode == "plain":
-        return engine.generate(ids, params, max_tokens=config.max_tokens, speculative=False)
+def _run_conversation(engine: Engine, target, mode: str, drafter, k: int, prior: dict,
+                      turns: list[str], params, config):
+    """Yield a generation per user turn: plain decoding, a fixed drafter and k, or
+    auto mode, with the conversation, the KV cache and the drafters' state carried
+    from turn to turn as in ``edgespec chat``."""
+    if hasattr(drafter, "forget"):
+        drafter.forget()  # each conversation starts with an empty drafter memory
     if mode == "auto":
-        # A fresh planner per prompt (a new process's first generation), starting
+        # A fresh planner per conversation (a new process's first generation), starting
         # from the costs measured at the start of the sweep.
         policy = PolicyConfig()
         if isinstance(drafter, DraftModel):
@@ -184,19 +195,26 @@ def _run_one(engine: Engine, mode: str, drafter, k: int, prior: dict, ids, param
         planner = AdaptivePlanner(auto_drafters(drafter, PromptLookup(max_ngram=8)),
                                   CostModel(prior), policy)
         engine.configure(drafter, "auto", planner)
-    else:
+    elif mode == "fixed":
         if isinstance(drafter, DraftModel):
             drafter.min_confidence = 0.0
         engine.configure(drafter, k)
-    return engine.generate(ids, params, max_tokens=config.max_tokens)
+    messages = []
+    for user in turns:
+        messages.append({"role": "user", "content": user})
+        ids = chat_prompt_ids(target, messages)
+        generation = engine.generate(ids, params, max_tokens=config.max_tokens,
+                                     speculative=mode != "plain")
+        messages.append({"role": "assistant", "content": generation.text})
+        yield generation
 
 
-def _record(mode, drafter, k, temperature, set_name, index, repeat, g, base) -> RunRecord:
+def _record(mode, drafter, k, temperature, set_name, index, repeat, g, base, turn=1) -> RunRecord:
     s = g.stats
     return RunRecord(mode, drafter, k, temperature, set_name, index, repeat, s.generated_tokens,
                      s.tokens_per_second, base, s.tokens_per_second / base if base else 0.0,
                      s.rounds, s.plain_steps, s.drafted, s.accepted, list(s.drafted_per_position),
-                     list(s.accepted_per_position), dict(s.rounds_per_drafter))
+                     list(s.accepted_per_position), dict(s.rounds_per_drafter), turn)
 
 
 def summarize(runs: list[RunRecord], memory: dict[str, int]) -> list[dict]:

@@ -10,6 +10,7 @@ from pathlib import Path
 from .backends.base import Backend
 from .drafters import DraftModel, PromptLookup
 from .drafters.base import Drafter
+from .drafters.suffix import SuffixDrafter
 from .errors import EdgespecError
 from .models import resolve_model
 
@@ -89,16 +90,22 @@ def load_backend(spec: str, options: BackendOptions, *, name: str | None = None)
     return load_mlx_backend(spec, options, name=name or _display_name(spec))
 
 
+# Drafters that run no model, by the name -d takes.
+BUILTIN_DRAFTERS = {"lookup": PromptLookup, "suffix": SuffixDrafter}
+
+
 def load_drafter(spec: str | None, options: BackendOptions) -> Drafter | None:
-    """``None``/``"none"``: no drafter; ``"lookup"``: prompt lookup; else a draft model.
+    """``None``/``"none"``: no drafter; ``"lookup"``: prompt lookup; ``"suffix"``:
+    the suffix drafter (counts over the conversation and earlier ones); else a
+    draft model.
 
     The :class:`~edgespec.engine.Engine` checks a draft model's vocabulary
     against the target's.
     """
     if spec is None or spec == "none":
         return None
-    if spec == "lookup":
-        return PromptLookup()
+    if spec in BUILTIN_DRAFTERS:
+        return BUILTIN_DRAFTERS[spec]()
     return DraftModel(load_backend(spec, options))
 
 

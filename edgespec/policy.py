@@ -62,9 +62,13 @@ class PolicyConfig:
     confidence_decay: float = 0.95  # the target's confidence changes with the text: follow it
     # α before evidence, by drafter and kind of draft. Prompt lookup: a 2-token match is
     # often a coincidence, an 8-token one usually a copy in progress.
+    # The suffix drafter classes its drafts by their empirical probability and first
+    # match (edgespec.drafters.suffix.confidence_bucket); its priors are not tuned yet.
     priors: dict[str, float] = field(default_factory=lambda: {
         "lookup": 0.5, "lookup:match2": 0.3, "lookup:match3": 0.4,
-        "lookup:match4": 0.6, "lookup:match8": 0.8})
+        "lookup:match4": 0.6, "lookup:match8": 0.8,
+        "suffix": 0.5, "suffix:maybe": 0.3, "suffix:maybe-long": 0.4, "suffix:likely": 0.4,
+        "suffix:likely-long": 0.5, "suffix:sure": 0.6, "suffix:sure-long": 0.8})
     # A draft that continues a copy is accepted whole or cut at one point: the α of a
     # later position, given the ones before it were accepted, starts from this.
     continuation_prior: float = 0.8

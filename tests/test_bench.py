@@ -227,3 +227,23 @@ def test_saved_profile_is_used_by_generate(text_models, tmp_path, monkeypatch):
     assert out.returncode == 0, out.stderr
     assert f"saved profile: drafter {draft}, k=3" in out.stderr
     assert json.loads(out.stdout)["stats"]["drafter"] == "draft"
+
+
+def test_conversations_are_measured_turn_by_turn(text_models, tmp_path):
+    target, _ = text_models
+    chats = tmp_path / "chats.json"
+    chats.write_text(json.dumps([["Write a haiku.", "Now repeat it twice."],
+                                 ["Say hi.", "Say hi again.", "And once more."]]))
+    config = BenchConfig(target=str(target), drafters=["suffix"], num_draft=[2], temperatures=[0.0],
+                         prompt_sets=[str(chats)], prompts_per_set=2, max_tokens=16)
+    runs = run_bench(config, BackendOptions(n_ctx=2048), log=lambda m: None)["runs"]
+    assert len(runs) == (2 + 3) * 4  # per turn: plain, suffix k=2, auto, plain
+    by_turn = {}
+    for r in runs:
+        by_turn.setdefault((r["prompt_index"], r["turn"]), []).append(r)
+    assert sorted(by_turn) == [(0, 1), (0, 2), (1, 1), (1, 2), (1, 3)]
+    for (index, turn), group in by_turn.items():
+        assert [r["mode"] for r in group] == ["plain", "fixed", "auto", "plain"]
+        assert {r["prompt_set"] for r in group} == {str(chats) if turn == 1 else f"{chats}@2+"}
+        assert len({r["plain_tokens_per_second"] for r in group}) == 1  # one base per turn
+        assert len({r["tokens"] for r in group}) == 1  # greedy: every mode writes the same reply
