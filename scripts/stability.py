@@ -3,9 +3,9 @@
 Runs ``edgespec generate`` (auto mode, the default pairing) N times in fresh
 processes that share one ``$EDGESPEC_HOME`` (so each run starts from the costs
 the runs before it cached), for a code-editing and a chat prompt, with plain
-decoding (``--no-spec``) of the same prompt interleaved every few runs as the
-yardstick. Prints tok/s per run, run N against run 1, and each run against the
-median plain speed.
+decoding (``--no-spec``) of the same prompt before and after every auto run as
+the yardstick. Prints tok/s per run, run N against run 1, and each run against
+the plain runs around it.
 
     python scripts/stability.py --runs 10 --json bench-out/stability.json
 """
@@ -42,7 +42,6 @@ def main() -> None:
     parser.add_argument("--prompts", default="edit-val:1,chat-val:0",
                         help="SET:INDEX,... (default: one code-editing and one chat prompt)")
     parser.add_argument("--runs", type=int, default=10)
-    parser.add_argument("--plain-every", type=int, default=3, help="a plain run before every Nth auto run")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--json")
     args = parser.parse_args()
@@ -53,24 +52,27 @@ def main() -> None:
         for spec in args.prompts.split(","):
             set_name, index = spec.split(":")
             prompt = load_prompt_set(set_name)[int(index)]
-            auto, plain = [], []
+            # plain, auto, plain, auto, ..., plain: each auto run is compared with the
+            # plain runs on either side of it, so that a machine drifting over minutes
+            # is not read as auto mode's doing.
+            plain = [generate(prompt, home, args, "--no-spec")["tokens_per_second"]]
+            auto = []
             for run in range(args.runs):
-                if run % args.plain_every == 0:
-                    plain.append(generate(prompt, home, args, "--no-spec")["tokens_per_second"])
                 stats = generate(prompt, home, args)
                 auto.append(stats)
-                print(f"{spec} run {run + 1}: {stats['tokens_per_second']:.2f} tok/s, "
-                      f"{stats['rounds']} rounds, {stats['plain_steps']} plain steps "
+                plain.append(generate(prompt, home, args, "--no-spec")["tokens_per_second"])
+                base = (plain[-2] + plain[-1]) / 2
+                print(f"{spec} run {run + 1}: {stats['tokens_per_second']:.2f} tok/s "
+                      f"({stats['tokens_per_second'] / base:.3f} x the plain runs around it, "
+                      f"{base:.2f}), {stats['rounds']} rounds, {stats['plain_steps']} plain steps "
                       f"({stats['rounds_per_drafter']})", flush=True)
-            plain.append(generate(prompt, home, args, "--no-spec")["tokens_per_second"])
-            base = statistics.median(plain)
             speeds = [s["tokens_per_second"] for s in auto]
+            vs_plain = [speed / ((plain[i] + plain[i + 1]) / 2) for i, speed in enumerate(speeds)]
             results[spec] = {"plain_tokens_per_second": plain, "auto": auto,
-                             "last_vs_first": speeds[-1] / speeds[0],
-                             "vs_plain": [s / base for s in speeds]}
-            print(f"{spec}: run {args.runs} / run 1 = {speeds[-1] / speeds[0]:.3f}; "
-                  f"auto / median plain ({base:.2f} tok/s): min {min(speeds) / base:.3f}, "
-                  f"max {max(speeds) / base:.3f}; plain runs {', '.join(f'{p:.2f}' for p in plain)}",
+                             "last_vs_first": speeds[-1] / speeds[0], "vs_plain": vs_plain}
+            print(f"{spec}: run {args.runs} / run 1 = {speeds[-1] / speeds[0]:.3f}; auto / the plain "
+                  f"runs around it: min {min(vs_plain):.3f}, median {statistics.median(vs_plain):.3f}, "
+                  f"max {max(vs_plain):.3f}; plain runs {min(plain):.2f}-{max(plain):.2f} tok/s",
                   flush=True)
             cost_files = sorted((home / "calibration").glob("*.json"))
             results[spec]["cached_costs"] = [json.loads(p.read_text()) for p in cost_files]
