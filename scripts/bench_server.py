@@ -3,7 +3,8 @@
 One engine, loaded once; for each prompt and repeat, interleaved: a
 streaming chat completion through the real HTTP server (one client, the
 `openai` package) and the same generation through ``Engine.chat`` in
-process, same settings. Both are timed the same way, from the first token
+process, same settings, both generated in the main thread (as ``edgespec
+serve`` does: HTTP and the client run in other threads). Both are timed the same way, from the first token
 received to the last, so prefill is left out of both (as in edgespec's
 tok/s). Prints per-run tok/s and the ratio server / direct (median, min–max).
 
@@ -47,38 +48,60 @@ def main() -> None:
     k = args.num_draft if args.num_draft == "auto" else int(args.num_draft)
     engine = edgespec.load(args.model, draft=args.draft, num_draft=k)
     settings = ServerSettings((engine.target.name,), SamplingParams(temperature=args.temp), k)
+    # As `edgespec serve` runs: HTTP in a thread, generations in this (the main) thread.
+    app = create_app(engine, settings, worker_thread=False)
+    server = app.state.server
     sock = bind("127.0.0.1", 0)
-    server = uvicorn.Server(uvicorn.Config(create_app(engine, settings), log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]})
-    thread.start()
+    http = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    threading.Thread(target=http.run, kwargs={"sockets": [sock]}).start()
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{sock.getsockname()[1]}/v1", api_key="none")
     params = SamplingParams(temperature=args.temp, seed=0)
     rows = []
+
+    def direct(messages) -> list[float]:
+        """The same generation in process, in the same (main) thread as the server's."""
+        times, done = [], threading.Event()
+
+        def job():
+            try:
+                for chunk in engine.chat(messages, params=params, max_tokens=args.max_tokens):
+                    if chunk.text:
+                        times.append(time.perf_counter())
+            finally:
+                done.set()
+        server.jobs.put(job)
+        done.wait()
+        return times
+
+    def measure():
+        try:
+            for spec in args.prompts.split(","):
+                set_name, index = spec.split(":")
+                messages = [{"role": "user", "content": load_prompt_set(set_name)[int(index)]}]
+                for repeat in range(args.repeat):
+                    for mode in ("server", "direct") if repeat % 2 == 0 else ("direct", "server"):
+                        times = []
+                        if mode == "server":
+                            stream = client.chat.completions.create(
+                                model=engine.target.name, messages=messages, temperature=args.temp,
+                                seed=0, max_tokens=args.max_tokens, stream=True)
+                            for chunk in stream:
+                                if chunk.choices and chunk.choices[0].delta.content:
+                                    times.append(time.perf_counter())
+                        else:
+                            times = direct(messages)
+                        rows.append({"prompt": spec, "repeat": repeat, "mode": mode,
+                                     "tokens": len(times), "tokens_per_second": rate(times)})
+                        print(f"{spec} #{repeat} {mode:6}: {rows[-1]['tokens_per_second']:.2f} tok/s "
+                              f"({len(times)} tokens)", flush=True)
+        finally:
+            server.stop_work()
+
+    threading.Thread(target=measure).start()
     try:
-        for spec in args.prompts.split(","):
-            set_name, index = spec.split(":")
-            messages = [{"role": "user", "content": load_prompt_set(set_name)[int(index)]}]
-            for repeat in range(args.repeat):
-                for mode in ("server", "direct") if repeat % 2 == 0 else ("direct", "server"):
-                    times = []
-                    if mode == "server":
-                        stream = client.chat.completions.create(
-                            model=engine.target.name, messages=messages, temperature=args.temp,
-                            seed=0, max_tokens=args.max_tokens, stream=True)
-                        for chunk in stream:
-                            if chunk.choices and chunk.choices[0].delta.content:
-                                times.append(time.perf_counter())
-                    else:
-                        for chunk in engine.chat(messages, params=params, max_tokens=args.max_tokens):
-                            if chunk.text:
-                                times.append(time.perf_counter())
-                    rows.append({"prompt": spec, "repeat": repeat, "mode": mode,
-                                 "tokens": len(times), "tokens_per_second": rate(times)})
-                    print(f"{spec} #{repeat} {mode:6}: {rows[-1]['tokens_per_second']:.2f} tok/s "
-                          f"({len(times)} tokens)", flush=True)
+        server.work()
     finally:
-        server.should_exit = True
-        thread.join()
+        http.should_exit = True
         engine.close()
     ratios = []
     for spec in args.prompts.split(","):
