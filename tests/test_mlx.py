@@ -145,46 +145,52 @@ def top2_gap(logits):
     return float(top[1] - top[0])
 
 
-def test_smollm2_q4_1_greedy_agrees_across_backends_up_to_near_ties(smollm2_path):
+@pytest.fixture(scope="module")
+def smollm2_on_both(smollm2_path):
+    return LlamaCppBackend(smollm2_path, n_ctx=512), mlx(smollm2_path, 512)
+
+
+# Three prompts in the default run (about 35 s of MLX on a 2-core CPU), all six with -m slow.
+@pytest.mark.parametrize("prompt", SMOLLM_PROMPTS[:3] + [
+    pytest.param(p, marks=pytest.mark.slow) for p in SMOLLM_PROMPTS[3:]])
+def test_smollm2_q4_1_greedy_agrees_across_backends_up_to_near_ties(smollm2_on_both, prompt):
     """The same Q4_1 file on both backends: greedy choices (32 tokens) agree wherever
     llama.cpp (the reference) has no near-tie between its two best tokens. Checked at
     every position of the reference's greedy path (both backends fed the same tokens),
     and on MLX's own greedy continuation: identical up to where the two first differ,
     which is a near-tie between the two tokens on both backends."""
-    on_llamacpp = LlamaCppBackend(smollm2_path, n_ctx=512)
-    on_mlx = mlx(smollm2_path, 512)
+    on_llamacpp, on_mlx = smollm2_on_both
     eos = on_llamacpp.vocab.eos_token_ids
     assert eos == on_mlx.vocab.eos_token_ids
-    for prompt in SMOLLM_PROMPTS:
-        ids = chat_prompt_ids(on_llamacpp, [{"role": "user", "content": prompt}])
-        assert ids == chat_prompt_ids(on_mlx, [{"role": "user", "content": prompt}])
-        a = greedy_path(Engine(on_llamacpp), ids)
-        b = greedy_path(Engine(on_mlx), ids)
-        assert len(a) > 1, (prompt, a)  # a reply to compare, not an immediate stop
-        reference = path_logits(on_llamacpp, ids, a)
-        on_path = path_logits(on_mlx, ids, a)  # MLX's logits on the same contexts
-        clear = [top2_gap(row) >= NEAR_TIE for row in reference]
-        assert any(clear), prompt  # some choices are unambiguous, so the check has teeth
-        # Re-evaluated, the reference picks its own path where it is not near a tie.
-        assert all(gap_to_best(reference[i], e, eos) == 0.0 for i, e in enumerate(a) if clear[i]), prompt
-        # Where MLX's greedy choice differs from the reference's, the reference had a
-        # near-tie, and MLX sees the reference's token within NEAR_TIE of its best too.
-        disagreed = [(i, top2_gap(reference[i]), gap_to_best(on_path[i], e, eos))
-                     for i, e in enumerate(a) if gap_to_best(on_path[i], e, eos) > 0.0]
-        assert all(not clear[i] and mlx_gap < NEAR_TIE for i, _, mlx_gap in disagreed), \
-            (prompt, disagreed)
-        # MLX's own continuation: identical to the reference up to the first difference,
-        # which must be a near-tie between the two tokens, on both backends.
-        first = next((i for i in range(max(len(a), len(b)))
-                      if i >= len(a) or i >= len(b) or a[i] != b[i]), None)
-        if first is None:
-            continue
-        # Both continuations hold an event there (a path ends with STOP or at 32 tokens).
-        assert first < min(len(a), len(b)), (prompt, a, b)
-        assert not clear[first], (prompt, first, a[first], b[first])
-        for name, logits in (("llama.cpp", reference[first]), ("mlx", on_path[first])):
-            gaps = [gap_to_best(logits, e, eos) for e in (a[first], b[first])]
-            assert max(gaps) < NEAR_TIE, (prompt, first, name, gaps)
+    ids = chat_prompt_ids(on_llamacpp, [{"role": "user", "content": prompt}])
+    assert ids == chat_prompt_ids(on_mlx, [{"role": "user", "content": prompt}])
+    a = greedy_path(Engine(on_llamacpp), ids)
+    b = greedy_path(Engine(on_mlx), ids)
+    assert len(a) > 1, (prompt, a)  # a reply to compare, not an immediate stop
+    reference = path_logits(on_llamacpp, ids, a)
+    on_path = path_logits(on_mlx, ids, a)  # MLX's logits on the same contexts
+    clear = [top2_gap(row) >= NEAR_TIE for row in reference]
+    assert any(clear), prompt  # some choices are unambiguous, so the check has teeth
+    # Re-evaluated, the reference picks its own path where it is not near a tie.
+    assert all(gap_to_best(reference[i], e, eos) == 0.0 for i, e in enumerate(a) if clear[i]), prompt
+    # Where MLX's greedy choice differs from the reference's, the reference had a
+    # near-tie, and MLX sees the reference's token within NEAR_TIE of its best too.
+    disagreed = [(i, top2_gap(reference[i]), gap_to_best(on_path[i], e, eos))
+                 for i, e in enumerate(a) if gap_to_best(on_path[i], e, eos) > 0.0]
+    assert all(not clear[i] and mlx_gap < NEAR_TIE for i, _, mlx_gap in disagreed), \
+        (prompt, disagreed)
+    # MLX's own continuation: identical to the reference up to the first difference,
+    # which must be a near-tie between the two tokens, on both backends.
+    first = next((i for i in range(max(len(a), len(b)))
+                  if i >= len(a) or i >= len(b) or a[i] != b[i]), None)
+    if first is None:
+        return
+    # Both continuations hold an event there (a path ends with STOP or at 32 tokens).
+    assert first < min(len(a), len(b)), (prompt, a, b)
+    assert not clear[first], (prompt, first, a[first], b[first])
+    for name, logits in (("llama.cpp", reference[first]), ("mlx", on_path[first])):
+        gaps = [gap_to_best(logits, e, eos) for e in (a[first], b[first])]
+        assert max(gaps) < NEAR_TIE, (prompt, first, name, gaps)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
