@@ -198,15 +198,16 @@ class Engine:
         prompt_ids = self.tokenize(prompt)
         if not prompt_ids:
             raise EdgespecError("the prompt is empty: give at least one token of text")
-        if len(prompt_ids) >= self.n_ctx:
+        n_ctx = self.n_ctx
+        if len(prompt_ids) >= n_ctx:
             raise EdgespecError(
-                f"the prompt has {len(prompt_ids)} tokens but the context holds {self.n_ctx}: "
+                f"the prompt has {len(prompt_ids)} tokens but the context holds {n_ctx}: "
                 f"shorten the prompt or raise --ctx")
         speculative = speculative and bool(self.active_drafters())
         stats = GenerationStats(drafter=self.drafter_name if speculative else "none",
                                 prompt_tokens=len(prompt_ids))
         run = _Run(list(prompt_ids), params, rng or make_rng(params), max_tokens, speculative, stats,
-                   self.n_ctx, cancelled=cancel or threading.Event())
+                   n_ctx, cancelled=cancel or threading.Event())
         with self._runs_lock:
             self._runs.add(run)
         return self._generation(run, stop)

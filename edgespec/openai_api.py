@@ -74,8 +74,7 @@ def parse_request(body, kind: str, defaults: SamplingParams) -> Request:
     try:
         params = defaults.with_(**sampling)
     except ValueError as exc:  # "invalid temperature='x': must be ..."
-        param = str(exc).removeprefix("invalid ").split("=")[0]
-        raise ApiError(400, str(exc), param=param) from None
+        raise ApiError(400, str(exc), param=param_of(exc)) from None
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)
                                    or max_tokens < 1):
@@ -93,6 +92,15 @@ def parse_request(body, kind: str, defaults: SamplingParams) -> Request:
     drafter, num_draft = _speculative(body.get("speculative"))
     return Request(kind, prompt, params, max_tokens, _stop(body.get("stop")), stream,
                    bool(options.get("include_usage")), model, drafter, num_draft)
+
+
+def param_of(exc: Exception) -> str | None:
+    """The request field an edgespec error is about: "invalid temperature=..." names
+    it; otherwise the messages or the prompt, where the error says so."""
+    text = str(exc)
+    if text.startswith("invalid ") and "=" in text:
+        return text.removeprefix("invalid ").split("=")[0]
+    return "messages" if "message" in text else "prompt" if "prompt" in text else None
 
 
 def _messages(messages) -> list[dict]:

@@ -32,7 +32,8 @@ from starlette.exceptions import HTTPException
 from .drafters import PromptLookup
 from .engine import Engine
 from .errors import EdgespecError
-from .openai_api import ApiError, Request, chunk, new_id, parse_request, response, usage_chunk
+from .openai_api import (ApiError, Request, chunk, new_id, param_of, parse_request, response,
+                         usage_chunk)
 from .sampling import SamplingParams
 
 DEFAULT_QUEUE = 8
@@ -138,7 +139,7 @@ class Server:
                     put(exc)
                     return
                 except (EdgespecError, ValueError) as exc:  # a bad request: 400
-                    put(ApiError(400, str(exc), param=_param_of(exc)))
+                    put(ApiError(400, str(exc), param=param_of(exc)))
                     return
                 except Exception as exc:  # noqa: BLE001 - a 500 for the request, not a dead worker
                     put(exc)
@@ -177,13 +178,6 @@ class Server:
     def stop_work(self) -> None:
         """End :meth:`work` once the job in hand (if any) is done."""
         self.jobs.put(None)
-
-
-def _param_of(exc: Exception) -> str | None:
-    text = str(exc)
-    if text.startswith("invalid ") and "=" in text:
-        return text.removeprefix("invalid ").split("=")[0]
-    return "messages" if "message" in text else "prompt" if "prompt" in text else None
 
 
 def create_app(engine: Engine, settings: ServerSettings, *, worker_thread: bool = True):
