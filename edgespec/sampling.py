@@ -81,18 +81,35 @@ def logits_to_probs(logits: np.ndarray, params: SamplingParams, *,
     times the cost over a 150k vocabulary. ``out``: where to write the result
     (same shape, float32), e.g. a row of a drafter's preallocated buffer.
     """
+    return probs_and_blocks(logits, params, out=out)[0]
+
+
+def probs_and_blocks(logits: np.ndarray, params: SamplingParams, *,
+                     out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`logits_to_probs`, and the :func:`block_sums` of the result that
+    :func:`sample_from` would otherwise compute again."""
+    weights, blocks = _weights(logits, params, out)
+    scale = 1.0 / blocks.sum(axis=-1, keepdims=True)
+    # One multiply by the reciprocal: the ~1e-7 relative rounding a division would also have.
+    weights *= scale.astype(np.float32)
+    blocks *= scale
+    return weights, blocks
+
+
+def _weights(logits: np.ndarray, params: SamplingParams,
+             out: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """The probabilities of :func:`logits_to_probs` up to a factor per row
+    (p = weights / total), and their block sums."""
     logits = np.asarray(logits)
     if out is None:
         out = np.empty(logits.shape, dtype=np.float32)
     if params.greedy:
         out.fill(0.0)
         np.put_along_axis(out, np.argmax(logits, axis=-1)[..., None], 1.0, axis=-1)
-        return out
-    np.subtract(logits, logits.max(axis=-1, keepdims=True), out=out, casting="unsafe")
-    with np.errstate(over="ignore"):  # far below the top, -inf is the right answer
-        out *= np.float32(params.inverse_temperature)
-    np.exp(out, out=out)
+        return out, block_sums(out)
+    blocks = _exp_scaled(logits, np.float32(params.inverse_temperature), out)
     vocab = out.shape[-1]
+    filtered = 0 < params.top_k < vocab or params.top_p < 1.0 or params.min_p > 0.0
     if 0 < params.top_k < vocab:
         # Keep the top_k most probable (ties at the boundary resolved by argpartition).
         drop = np.argpartition(out, vocab - params.top_k, axis=-1)[..., : vocab - params.top_k]
@@ -102,35 +119,109 @@ def logits_to_probs(logits: np.ndarray, params: SamplingParams, *,
             _top_p(row, params.top_p)
     if params.min_p > 0.0:
         out[out < params.min_p * out.max(axis=-1, keepdims=True)] = 0.0
-    out /= out.sum(axis=-1, keepdims=True)  # numpy sums float32 pairwise: ~1e-7 relative
-    return out
+    return out, block_sums(out) if filtered else blocks
+
+
+# exp(logit / T) unshifted is kept when every row's total lies in this range: the top
+# weight is then at least 1 (no more underflow than with the shift, which puts it at
+# 1) and far from float32's overflow (3.4e38, also for a block's sum of 1024 of them).
+_UNSHIFTED_TOTALS = (1.0, 1e30)
+
+
+def _exp_scaled(logits: np.ndarray, inverse_temperature: np.float32, out: np.ndarray) -> np.ndarray:
+    """out = exp(logits / T), up to a factor per row; returns its block sums.
+
+    Softmax's usual guard, shifting by the maximum first, costs a pass over the
+    vocabulary (memory passes are what the host time per token is made of),
+    so rows whose weights fit float32 as they are skip it; the rest (very low
+    temperatures, extreme logits) are redone with the shift.
+    """
+    with np.errstate(over="ignore", invalid="ignore"):  # caught by the totals' check
+        np.multiply(logits, inverse_temperature, out=out, casting="unsafe")
+        np.exp(out, out=out)
+        blocks = block_sums(out)
+        totals = blocks.sum(axis=-1)
+        low, high = _UNSHIFTED_TOTALS
+        if (low <= totals < high) if totals.ndim == 0 else np.all((totals >= low) & (totals < high)):
+            return blocks
+        # far below the top, -inf is the right answer
+        np.subtract(logits, logits.max(axis=-1, keepdims=True), out=out, casting="unsafe")
+        out *= inverse_temperature
+        np.exp(out, out=out)
+    return block_sums(out)
 
 
 class ProbRows:
-    """The rows of ``logits_to_probs(logits, params)``, each computed when first read.
+    """Rows of the target's p, as the acceptance rule reads them: p(token), a
+    sample, the residual after a rejection.
 
-    Verification reads p row by row and stops at the first rejection, so the
-    rows after it (a third of a 4-token draft's, at 70% acceptance) are never
-    computed. Indexes like the ``[n, V]`` array it stands for.
+    Built from logits (:meth:`__init__`), each row is computed when first read
+    and never normalised in full: p = weights / total, with the total from the
+    block sums that sampling needs anyway. Verification stops at the first
+    rejection, so the rows after it (a third of a 4-token draft's, at 70%
+    acceptance) are never computed. Built from probabilities (:meth:`of_probs`),
+    it reads them as they are.
     """
 
-    def __init__(self, logits: np.ndarray, params: SamplingParams):
+    def __init__(self, logits: np.ndarray | None, params: SamplingParams | None):
         self.logits, self.params = logits, params
-        self.shape = logits.shape
-        self._rows: dict[int, np.ndarray] = {}
+        self.shape = None if logits is None else logits.shape
+        self._rows: dict[int, tuple[np.ndarray, np.ndarray | None, float]] = {}  # weights, blocks, 1/total
 
-    def __getitem__(self, index: int) -> np.ndarray:
+    @classmethod
+    def of_probs(cls, probs: np.ndarray) -> "ProbRows":
+        """Rows of probabilities ``[n, V]`` computed elsewhere (each summing to 1)."""
+        rows = cls(None, None)
+        rows.shape = probs.shape
+        rows._rows = {i: (row, None, 1.0) for i, row in enumerate(probs)}
+        return rows
+
+    def _row(self, index: int) -> tuple[np.ndarray, np.ndarray | None, float]:
         rows = self.shape[0]
         if not -rows <= index < rows:
             raise IndexError(f"row {index} of {rows}")
         index = int(index) % rows
         if index not in self._rows:
-            self._rows[index] = logits_to_probs(self.logits[index], self.params)
+            weights, blocks = _weights(self.logits[index], self.params, None)
+            self._rows[index] = weights, blocks, 1.0 / float(blocks.sum())
         return self._rows[index]
+
+    def prob(self, index: int, token: int) -> float:
+        """p of ``token`` in row ``index``."""
+        weights, _, scale = self._row(index)
+        return float(weights[token]) * scale
+
+    def sample(self, index: int, rng: np.random.Generator) -> int:
+        """A token drawn from row ``index``."""
+        weights, blocks, _ = self._row(index)
+        return sample_from(weights, rng, blocks)
+
+    def sample_residual(self, index: int, q: np.ndarray | None, token: int | None,
+                        rng: np.random.Generator) -> int:
+        """A token from norm(max(0, p - q)) of row ``index``; with ``q`` None, from p
+        without ``token`` (q one-hot there; ``token`` None: p itself). From p when
+        that leaves no mass, which only rounding reaches (p == q: p is then exact)."""
+        weights, _, scale = self._row(index)
+        if q is not None:  # in a buffer of its own: q belongs to the drafter
+            residual = np.multiply(weights, np.float32(scale))
+            np.subtract(residual, q, out=residual)
+            np.maximum(residual, 0.0, out=residual)
+        elif token is not None:
+            residual = weights.copy()
+            residual[token] = 0.0
+        else:
+            return self.sample(index, rng)
+        blocks = block_sums(residual)
+        return sample_from(residual, rng, blocks) if blocks.sum() > 0 else self.sample(index, rng)
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        weights, _, scale = self._row(index)
+        return weights * np.float32(scale)
 
     def top(self, count: int) -> np.ndarray:
         """The largest probability of each of the first ``count`` rows."""
-        return np.array([self[i].max() for i in range(count)], dtype=np.float32)
+        return np.array([self._row(i)[0].max() * self._row(i)[2] for i in range(count)],
+                        dtype=np.float32)
 
 
 def top_probability(logits: np.ndarray) -> np.ndarray:
@@ -167,32 +258,41 @@ def _top_p(probs: np.ndarray, top_p: float) -> None:
 _BLOCK = 1024
 
 
-def sample_from(probs: np.ndarray, rng: np.random.Generator) -> int:
+def block_sums(values: np.ndarray) -> np.ndarray:
+    """Sums of ``values [..., V]`` over consecutive blocks of ids (float64, ``[..., blocks]``)."""
+    lead, vocab = values.shape[:-1], values.shape[-1]
+    whole = vocab - vocab % _BLOCK
+    sums = values[..., :whole].reshape(*lead, whole // _BLOCK, _BLOCK).sum(axis=-1)
+    if whole == vocab:
+        return sums.astype(np.float64)
+    return np.concatenate([sums, values[..., whole:].sum(axis=-1, keepdims=True)], axis=-1,
+                          dtype=np.float64)
+
+
+def sample_from(probs: np.ndarray, rng: np.random.Generator,
+                blocks: np.ndarray | None = None) -> int:
     """Draw one token id from a (possibly unnormalised) non-negative vector.
 
     Two levels: pick a block of ids with probability its mass, then an id
     within it; P(id) = probs[id] / sum(probs), as with one cumulative sum.
+    ``blocks``: :func:`block_sums` of ``probs``, when the caller has them.
     """
     probs = np.asarray(probs)
-    vocab = probs.shape[-1]
-    whole = vocab // _BLOCK * _BLOCK
-    block_sums = np.empty(-(-vocab // _BLOCK), dtype=np.float64)
-    block_sums[:whole // _BLOCK] = probs[:whole].reshape(-1, _BLOCK).sum(axis=1)
-    if whole < vocab:
-        block_sums[-1] = probs[whole:].sum()
-    cumulative = np.cumsum(block_sums)
-    total = cumulative[-1]
+    if blocks is None:
+        blocks = block_sums(probs)
+    cumulative = blocks.cumsum()
+    total = float(cumulative[-1])
     if not total > 0:
         raise ValueError("cannot sample from an all-zero distribution")
     u = rng.random() * total
     # The first block whose cumulative mass exceeds u has mass > 0.
-    block = min(int(np.searchsorted(cumulative, u, side="right")), len(block_sums) - 1)
-    while block_sums[block] <= 0:  # only rounding at the very top lands here
+    block = min(int(cumulative.searchsorted(u, side="right")), len(blocks) - 1)
+    while blocks[block] <= 0:  # only rounding at the very top lands here
         block -= 1
     start = block * _BLOCK
-    inner = np.cumsum(probs[start:start + _BLOCK], dtype=np.float64)
-    u = min(u - (cumulative[block - 1] if block else 0.0), inner[-1])
-    index = int(np.searchsorted(inner, u, side="right"))
+    inner = probs[start:start + _BLOCK].cumsum(dtype=np.float64)
+    u = min(u - (float(cumulative[block - 1]) if block else 0.0), float(inner[-1]))
+    index = int(inner.searchsorted(u, side="right"))
     # Rounding may put u at the block's total: take its last id that has mass.
     if index >= len(inner) or probs[start + index] <= 0:
         index = int(np.flatnonzero(probs[start:start + _BLOCK])[-1])

@@ -29,7 +29,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .sampling import ProbRows, SamplingParams, sample_from, top_probability
+from .sampling import ProbRows, SamplingParams, top_probability
 
 
 @dataclass(frozen=True)
@@ -95,28 +95,19 @@ def rejection_sample(
             raise ValueError(f"draft_probs has {draft_probs.shape[0]} rows for {num_draft} drafts")
         draft_probs = _fit_vocab(draft_probs, vocab_size)  # [k, V]
 
+    rows = target_probs if isinstance(target_probs, ProbRows) else ProbRows.of_probs(target_probs)
     accepted: list[int] = []
     for i, token in enumerate(draft_token_ids):
+        q = None if draft_probs is None else draft_probs[i]
         if token >= vocab_size:  # p = 0: a certain rejection
-            p = target_probs[i]
-            residual = np.maximum(p - draft_probs[i], 0.0) if draft_probs is not None else p
-            return Verdict(accepted, sample_from(residual if residual.sum() > 0 else p, rng))
-        p = target_probs[i]  # [V]
-        q_token = 1.0 if draft_probs is None else float(draft_probs[i, token])
+            return Verdict(accepted, rows.sample_residual(i, q, None, rng))
+        q_token = 1.0 if q is None else float(q[token])
         # u * q < p  <=>  u < p / q, written without the division so q == 0 is safe.
-        if rng.random() * q_token < p[token]:
+        if rng.random() * q_token < rows.prob(i, token):
             accepted.append(int(token))
             continue
-        if draft_probs is None:
-            residual = p.copy()
-            residual[token] = 0.0
-        else:
-            residual = np.maximum(p - draft_probs[i], 0.0)
-        if not residual.sum() > 0:
-            # Only reachable through rounding when p == q; p is then the exact answer.
-            residual = p
-        return Verdict(accepted, sample_from(residual, rng))
-    return Verdict(accepted, sample_from(target_probs[num_draft], rng))
+        return Verdict(accepted, rows.sample_residual(i, q, token, rng))
+    return Verdict(accepted, rows.sample(num_draft, rng))
 
 
 def greedy_verify(target_argmax: Sequence[int], draft_token_ids: Sequence[int]) -> Verdict:

@@ -95,3 +95,25 @@ def test_sample_from_across_blocks_matches_the_distribution():
     counts = Counter((sample_from(probs, rng),) for _ in range(20_000))
     assert set(counts) <= {(i,) for i in support}
     assert chi_square_pvalue(counts, {(i,): float(probs[i]) for i in support}) > SIGNIFICANCE
+
+
+@pytest.mark.parametrize("temperature", [0.05, 0.7, 1.0, 3.0])
+@pytest.mark.parametrize("offset", [-300.0, -20.0, 0.0, 40.0, 300.0])
+def test_probabilities_match_a_float64_softmax_at_any_logit_scale(temperature, offset):
+    """Rows whose exp(logit / T) fits float32 skip the shift by the maximum; the
+    rest (very low T, logits far from 0) take it: both agree with float64 softmax."""
+    from edgespec.sampling import ProbRows
+    rng = np.random.default_rng(1)
+    logits = (rng.normal(0, 4, (2, 3000)) + offset).astype(np.float32)
+    scaled = logits.astype(np.float64) / temperature
+    expected = np.exp(scaled - scaled.max(-1, keepdims=True))
+    expected /= expected.sum(-1, keepdims=True)
+    params = SamplingParams(temperature=temperature)
+    probs = logits_to_probs(logits, params)
+    np.testing.assert_allclose(probs, expected, rtol=1e-4, atol=1e-12)
+    rows = ProbRows(logits, params)
+    for i in range(2):
+        np.testing.assert_allclose(rows[i], expected[i], rtol=1e-4, atol=1e-12)
+        top = int(np.argmax(expected[i]))
+        assert rows.prob(i, top) == pytest.approx(expected[i, top], rel=1e-5)
+        assert rows.top(2)[i] == pytest.approx(expected[i].max(), rel=1e-5)

@@ -8,7 +8,7 @@ import numpy as np
 
 from ..backends.base import Backend
 from ..cache import CachedModel, common_prefix_length
-from ..sampling import SamplingParams, logits_to_probs, sample_from, top_probability
+from ..sampling import SamplingParams, probs_and_blocks, sample_from, top_probability
 from .base import Draft
 
 
@@ -87,10 +87,10 @@ class DraftModel:
                     break
                 token = int(np.argmax(logits))
             else:
-                q = logits_to_probs(logits, params, out=probs[i])  # [V]
+                q, blocks = probs_and_blocks(logits, params, out=probs[i])  # [V]
                 if self.min_confidence and q.max() < self.min_confidence:
                     break
-                token = sample_from(q, rng)
+                token = sample_from(q, rng, blocks)
             token_ids.append(token)
             if i + 1 < num_draft:
                 logits = self.cache.forward([token])[-1]
