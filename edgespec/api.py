@@ -51,7 +51,9 @@ def load(model: str | os.PathLike, draft: str | os.PathLike | None = None, backe
             if isinstance(drafter, DraftModel) and draft_p_min is not None:
                 drafter.min_confidence = draft_p_min
             return Engine(target, drafter, num_draft=num_draft)
-        config = PolicyConfig(**({} if draft_p_min is None else {"draft_p_min": draft_p_min}))
+        # A stop the user chose is kept; otherwise auto mode learns where to stop.
+        config = PolicyConfig(**({} if draft_p_min is None else
+                                 {"draft_p_min": draft_p_min, "learn_stop": False}))
         return Engine(target, drafter, num_draft="auto", planner=auto_planner(target, drafter, config))
     except BaseException:
         target.close()

@@ -47,7 +47,10 @@ class PolicyConfig:
     ``scripts/policy_sim.py``, then measured with ``edgespec bench``)."""
 
     max_draft: int = 8            # the longest draft auto mode proposes
-    draft_p_min: float = 0.7      # a draft model stops below this top probability
+    draft_p_min: float = 0.7      # a draft model stops below this top probability ...
+    learn_stop: bool = True       # ... at first: auto mode learns where drafting stops paying
+    stop_prior_weight: float = 2.0  # pseudo-observations behind a confidence bin's α (its midpoint)
+    lowest_stop: float = 0.05     # a draft model always stops below this
     decay: float = 0.95           # weight of the past in the acceptance estimates
     prior_weight: float = 3.0     # pseudo-observations behind a prior acceptance rate
     aging: float = 0.99           # evidence kept per round in which a drafter was not tried
@@ -122,6 +125,50 @@ class _Rates:
             result.append(min(1.0, mean + optimism * math.sqrt(mean * (1 - mean) / n)))
             prior = mean if self.later_prior is None else self.later_prior
         return result
+
+
+class StopRule:
+    """Where a draft model stops drafting: the lowest top probability (of its own,
+    before it samples a token) at which one more draft token still pays.
+
+    Drafting one more token costs a drafter step and a wider target pass, c +
+    v(2) - v(1) plain steps, and yields a token only if accepted. How often
+    the target accepts a draft depends on how sure the drafter was, and how
+    well a drafter's confidence predicts that differs by model pair and
+    temperature, so the acceptance is learned per confidence bin (tenths),
+    each starting halfway between its midpoint (a calibrated drafter's) and
+    the drafter's acceptance over all its drafts (a drafter whose confidence
+    says little: a noisy one is accepted far more often than it is sure). The stop is the
+    lower edge of the lowest bin, counting down from the top, whose α clears
+    that cost, with a little optimism so the bin below is tried now and then.
+    On a CPU (c + Δv ~ 0.8) this stops where llama.cpp's --draft-p-min does; on
+    a GPU (~0.35) it drafts on through less certain tokens, as it should.
+    """
+
+    BINS = 10
+
+    def __init__(self, config: PolicyConfig):
+        self.config = config
+        self.rates = [_Rates((b + 0.5) / self.BINS, config.stop_prior_weight, config.decay)
+                      for b in range(self.BINS)]
+
+    def observe(self, confidence: Sequence[float], accepted: int) -> None:
+        """A verified draft: its tokens' confidences, the first ``accepted`` accepted."""
+        for i, sure in enumerate(confidence[:accepted + 1]):  # after a rejection: untested
+            self.rates[min(int(sure * self.BINS), self.BINS - 1)].observe(0, i < accepted)
+
+    def threshold(self, token_cost: float, acceptance: float) -> float:
+        """The stop for a marginal draft token that costs ``token_cost`` plain steps,
+        for a drafter whose drafts are accepted at ``acceptance`` overall."""
+        if not self.config.learn_stop:
+            return self.config.draft_p_min
+        stop = 1.0
+        for b in reversed(range(self.BINS)):
+            prior = ((b + 0.5) / self.BINS + acceptance) / 2
+            if self.rates[b].estimates(1, self.config.optimism, prior)[0] < token_cost:
+                break
+            stop = b / self.BINS
+        return max(stop, self.config.lowest_stop) if stop < 1.0 else (self.BINS - 1) / self.BINS
 
 
 class AcceptanceTracker:
@@ -241,6 +288,9 @@ class AdaptivePlanner:
         # that rate's prior (a draft model is not asked over and over in hard text).
         self.confidence = _Rates(self.config.confidence_prior, self.config.confidence_weight,
                                  self.config.confidence_decay)
+        self.stop = StopRule(self.config)
+        self.stop_at = self.config.draft_p_min  # where draft models stop (set before each ask)
+        self._confidence: list[float] | None = None  # of the draft model's draft in flight
         self._state = {d.name: _DrafterState(retry_after=self.config.retry_after)
                        for d in self.drafters}
         self._asked: set[str] = set()  # drafters asked this round
@@ -290,6 +340,11 @@ class AdaptivePlanner:
             self._asked.add(drafter.name)
             if self.cost.c(drafter.name) < self.config.cheap_drafter:
                 return Proposal(drafter, limit)  # asking costs nothing: decide on the draft
+            if drafter.name not in self.config.priors:  # a draft model: where it stops
+                token_cost = self.cost.c(drafter.name) + self.cost.v(2) - self.cost.v(1)
+                drafter.min_confidence = self.stop_at = self.stop.threshold(
+                    token_cost, self.tracker(drafter.name).alpha[0] if self.tracker(drafter.name).alpha
+                    else self.config.model_prior)
             k, probe = self._decide(drafter.name, drafter.name, limit)
             if k:
                 return Proposal(drafter, k, probe)
@@ -314,6 +369,7 @@ class AdaptivePlanner:
                 return None
             verified = Proposal(proposal.drafter, keep, probe)
         self._verifying = (name, draft.bucket, stopped and verified.num_draft == len(draft))
+        self._confidence = draft.confidence
         return verified
 
     def observe(self, result: RoundResult) -> None:
@@ -326,6 +382,8 @@ class AdaptivePlanner:
             self.tracker(name).update(result.num_drafted, result.num_accepted, stopped)
             if bucket is not None:
                 self.tracker(f"{name}:{bucket}").update(result.num_drafted, result.num_accepted)
+            if self._confidence is not None:
+                self.stop.observe(self._confidence[:result.num_drafted], result.num_accepted)
         for drafter in self.drafters:
             state = self._state[drafter.name]
             if drafter.name == verified:  # it holds its accepted drafts: 1 or 2 tokens to go
@@ -342,7 +400,7 @@ class AdaptivePlanner:
                 state.retrying = False
         self._asked.clear()
         self._caught_up.clear()
-        self._verifying = None
+        self._verifying, self._confidence = None, None
         self._draft_seconds = 0.0
 
     def close(self) -> None:
@@ -353,7 +411,7 @@ class AdaptivePlanner:
     def confidence_update(self, top_probs: np.ndarray) -> None:
         """Learn whether the target was confident about each token it committed."""
         for top in np.asarray(top_probs).reshape(-1):
-            self.confidence.observe(0, bool(top >= self.config.draft_p_min))
+            self.confidence.observe(0, bool(top >= self.stop_at))
 
     # -- decisions --------------------------------------------------------------------------
 

@@ -96,6 +96,7 @@ class TraceModel:
     threshold; the planner only ever sees its name and what it drafted."""
 
     name = MODEL
+    min_confidence = 0.0  # fixed k: no stop; auto: the planner sets it
 
 
 def replay(trace: dict, true: CostModel, *, config: PolicyConfig | None = None,
@@ -107,8 +108,8 @@ def replay(trace: dict, true: CostModel, *, config: PolicyConfig | None = None,
     target_top = np.asarray(trace.get("target_top", [1.0] * len(out)))
     greedy, n = trace["temp"] == 0, len(out)
     lookup = PromptLookup(max_ngram=8 if config else 4)
-    planner = AdaptivePlanner([lookup, TraceModel()], CostModel(prior), config) if config else None
-    p_min = config.draft_p_min if config else 0.0
+    model = TraceModel()
+    planner = AdaptivePlanner([lookup, model], CostModel(prior), config) if config else None
     if planner:
         planner.begin(prompt)
     params = SamplingParams(temperature=trace["temp"])
@@ -116,13 +117,14 @@ def replay(trace: dict, true: CostModel, *, config: PolicyConfig | None = None,
 
     def model_draft(limit: int) -> tuple[Draft, int, float, float]:
         behind = t - synced
-        drafted = 0
+        drafted, p_min = 0, model.min_confidence  # the stop the planner set
         while drafted < limit and not (p_min and top[t + drafted] < p_min):
             drafted += 1
         steps = drafted + (drafted < limit)
         catch_up = true.catch_up(MODEL, behind) if behind > 2 else 0.0
         # Token ids stand in for the draft; acceptance is decided from the trace below.
-        return Draft(list(out[t:t + drafted])), behind, catch_up, steps * true.c(MODEL)
+        return (Draft(list(out[t:t + drafted]), confidence=list(top[t:t + drafted]) if p_min else None),
+                behind, catch_up, steps * true.c(MODEL))
 
     while t < n:
         limit = min(planner.max_draft if planner else k, n - t - 1)

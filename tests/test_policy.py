@@ -242,8 +242,9 @@ class CountingDraftModel(DraftModel):
 
 
 def test_auto_stops_asking_a_drafter_that_is_never_confident():
-    """A draft model that is never sure is asked far less often than one that is."""
-    config = PolicyConfig(draft_p_min=0.5)
+    """A draft model that is never sure is asked far less often than one that is
+    (with the stop fixed: where a learned stop settles is the next test's)."""
+    config = PolicyConfig(draft_p_min=0.5, learn_stop=False)
 
     def calls_of(sure: bool) -> int:
         clock = SimClock()
@@ -296,10 +297,34 @@ def test_auto_does_not_ask_a_draft_model_where_the_target_is_unsure_too():
                                token_seconds=0.3 * STEP)  # flat: the target is never sure
     draft = CountingDraftModel(target.perturbed(noise=0.0, seed=6, clock=clock,
                                                 step_seconds=0.3 * STEP), min_confidence=0.5)
-    config = PolicyConfig(draft_p_min=0.5)
+    # With the stop fixed (a learned one would find this drafter, an exact copy, worth
+    # drafting through its unsure tokens: the test of the stop is the next one).
+    config = PolicyConfig(draft_p_min=0.5, learn_stop=False)
     engine = auto_engine(target, draft, clock, true_prior(0.3, 0.3), config)
     engine.generate([0, 1, 2, 3], GREEDY, max_tokens=100)
     # The target's own confidence said the drafter would stop: it is asked at most once,
     # to measure its cost in this run (the cached one is only a starting point).
     assert draft.calls <= 1
     assert engine.planner.confidence.estimates(1)[0] < 0.1
+
+
+def test_the_learned_stop_follows_acceptance_by_confidence_and_the_cost_of_a_token():
+    """A drafter whose unsure drafts are still accepted (a noisy copy of the target)
+    drafts on through them where a draft token is cheap (GPU-like c + Δv), and
+    stops early where one is dear (CPU-like) or where unsure drafts fail."""
+    from edgespec.policy import StopRule
+    config = PolicyConfig()
+    cheap, dear = 0.36, 0.8
+
+    def rule(accepted_at_low: bool) -> StopRule:
+        stop = StopRule(config)
+        for _ in range(30):  # confident drafts are accepted; unsure ones as given
+            stop.observe([0.95, 0.85, 0.25], 3 if accepted_at_low else 2)
+            stop.observe([0.45, 0.35], 2 if accepted_at_low else 0)
+        return stop
+
+    assert rule(True).threshold(cheap, 0.9) <= 0.2
+    assert rule(False).threshold(cheap, 0.6) >= 0.5
+    assert rule(True).threshold(dear, 0.9) > rule(True).threshold(cheap, 0.9)
+    fixed = StopRule(PolicyConfig(draft_p_min=0.6, learn_stop=False))
+    assert fixed.threshold(cheap, 0.9) == 0.6  # a stop the user chose stays

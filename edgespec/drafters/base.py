@@ -23,6 +23,9 @@ class Draft:
     # What kind of draft this is, for planners that track acceptance separately by
     # kind (prompt lookup: how long a match it continues); None: all alike.
     bucket: str | None = None
+    # How sure the drafter was of each token (a draft model: its top probability
+    # before sampling it), for planners that learn where drafting stops paying.
+    confidence: list[float] | None = None
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -32,7 +35,8 @@ class Draft:
         if num_draft >= len(self.token_ids):
             return self
         probs = None if self.probs is None else self.probs[:num_draft]
-        return Draft(self.token_ids[:num_draft], probs, self.bucket)
+        confidence = None if self.confidence is None else self.confidence[:num_draft]
+        return Draft(self.token_ids[:num_draft], probs, self.bucket, confidence)
 
 
 @runtime_checkable

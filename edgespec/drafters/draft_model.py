@@ -78,23 +78,23 @@ class DraftModel:
         if self._on_device:
             return self._propose_on_device(context, logits, num_draft, params, rng)
         token_ids: list[int] = []
+        confidence: list[float] = []  # the top probability before each draft (with a stop)
         # q of each draft, written in place (greedy drafts are one-hot in q, which the
         # verifier reads from None).
         probs = None if params.greedy else np.empty((num_draft, logits.shape[-1]), np.float32)
         for i in range(num_draft):
-            if probs is None:
-                if self.min_confidence and top_probability(logits) < self.min_confidence:
+            q, blocks = (None, None) if probs is None else probs_and_blocks(logits, params, out=probs[i])
+            if self.min_confidence:  # looks at q before sampling: drafts stay distributed as q
+                confidence.append(float(top_probability(logits) if q is None else q.max()))
+                if confidence[-1] < self.min_confidence:
+                    confidence.pop()
                     break
-                token = int(np.argmax(logits))
-            else:
-                q, blocks = probs_and_blocks(logits, params, out=probs[i])  # [V]
-                if self.min_confidence and q.max() < self.min_confidence:
-                    break
-                token = sample_from(q, rng, blocks)
+            token = int(np.argmax(logits)) if q is None else sample_from(q, rng, blocks)
             token_ids.append(token)
             if i + 1 < num_draft:
                 logits = self.cache.forward([token])[-1]
-        return Draft(token_ids, None if probs is None or not token_ids else probs[:len(token_ids)])
+        return Draft(token_ids, None if probs is None or not token_ids else probs[:len(token_ids)],
+                     confidence=confidence if self.min_confidence else None)
 
     def _propose_on_device(self, context: Sequence[int], logits, num_draft: int,
                            params: SamplingParams, rng: np.random.Generator) -> Draft:
@@ -127,15 +127,17 @@ class DraftModel:
         q_rows = mx.stack(probs) if probs else None
         to_host = [mx.stack(tokens)] + ([mx.stack(confidence)] if confidence else [])
         ids, *confidence = mlx_ops.to_host(*to_host, also=[] if q_rows is None else [q_rows])
-        kept = num_draft
+        kept, sure = num_draft, None
         if confidence:  # the stop, where the draft model's confidence fell below it
             unsure = np.flatnonzero(confidence[0] < self.min_confidence)
             kept = int(unsure[0]) if len(unsure) else num_draft
+            sure = [float(x) for x in confidence[0][:kept]]
         # As the loop leaves it: the cache holds the context and every draft but the
         # last, or all of them when it stopped early.
         self.cache.record(ids[:num_draft - 1])
         self.cache.rewind(len(context) + min(kept, num_draft - 1))
-        return Draft([int(t) for t in ids[:kept]], None if q_rows is None else q_rows[:kept])
+        return Draft([int(t) for t in ids[:kept]], None if q_rows is None else q_rows[:kept],
+                     confidence=sure)
 
     def _can_read(self, context: Sequence[int]) -> bool:
         """Whether every token of ``context`` not in the cache is in this vocabulary."""
