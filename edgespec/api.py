@@ -25,7 +25,7 @@ def load(model: str | os.PathLike, draft: str | os.PathLike | None = None, backe
     lookup. ``num_draft="auto"`` (the default) lets the engine pick prompt
     lookup, the draft model or plain decoding each round from measured costs
     and acceptance; an integer fixes k. ``draft_p_min``: the draft model stops
-    drafting below this top probability (default 0.7 in auto mode, else 0).
+    drafting below this top probability (default: learned in auto mode, else 0).
     ``n_gpu_layers``/``n_threads`` (llama.cpp's ``-ngl``/``--threads``) apply to
     the draft model too unless ``draft_n_gpu_layers``/``draft_n_threads`` say
     otherwise (``-ngld``/``--threads-draft``).

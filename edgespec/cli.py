@@ -32,8 +32,8 @@ def add_model_options(parser: argparse.ArgumentParser, *, model_required: bool =
                         help="tokens drafted per round (k), or 'auto' (default): choose the "
                              "drafter and k each round from measured cost and acceptance")
     parser.add_argument("--draft-p-min", type=float, default=None,
-                        help="the draft model stops below this top probability "
-                             "(default 0.7 with --num-draft auto, else 0)")
+                        help="the draft model stops below this top probability (default: "
+                             "learned from acceptance with --num-draft auto, else 0)")
     parser.add_argument("--no-spec", action="store_true", help="plain decoding, no drafter")
     parser.add_argument("-ngl", "--n-gpu-layers", type=int, default=0,
                         help="layers to offload to the GPU (CUDA/Metal builds of llama.cpp)")

@@ -118,7 +118,8 @@ def auto_planner(target: Backend, drafter: Drafter | None, config=None):
     """Auto mode over prompt lookup and ``drafter``, starting from this pair's
     cached costs (a short calibration the first time), which it updates as it runs.
 
-    A draft model stops below the planner's ``draft_p_min`` top probability.
+    A draft model stops below the planner's ``draft_p_min`` top probability at
+    first; the planner then moves the stop (:class:`~edgespec.policy.StopRule`).
     """
     from .costs import CostModel, calibration_path, prior_for
     from .policy import AdaptivePlanner, PolicyConfig, auto_drafters
