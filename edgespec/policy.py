@@ -162,13 +162,13 @@ class StopRule:
         for a drafter whose drafts are accepted at ``acceptance`` overall."""
         if not self.config.learn_stop:
             return self.config.draft_p_min
-        stop = 1.0
+        stop = (self.BINS - 1) / self.BINS  # even the top bin: drafting only when nearly sure
         for b in reversed(range(self.BINS)):
             prior = ((b + 0.5) / self.BINS + acceptance) / 2
             if self.rates[b].estimates(1, self.config.optimism, prior)[0] < token_cost:
                 break
             stop = b / self.BINS
-        return max(stop, self.config.lowest_stop) if stop < 1.0 else (self.BINS - 1) / self.BINS
+        return max(stop, self.config.lowest_stop)
 
 
 class AcceptanceTracker:
@@ -313,12 +313,17 @@ class AdaptivePlanner:
                 self.trackers[key] = AcceptanceTracker(
                     cfg, cfg.priors.get(key, cfg.priors.get(name, cfg.model_prior)),
                     later_prior=cfg.continuation_prior, parent=self.tracker(name))
-            elif name in cfg.priors:  # a drafter that classes its drafts (prompt lookup)
-                self.trackers[key] = AcceptanceTracker(cfg, cfg.priors[name])
-            else:  # a draft model
+            elif self._is_draft_model(name):
                 self.trackers[key] = AcceptanceTracker(cfg, cfg.model_prior, offer_parent=self.confidence,
                                                        weight=cfg.model_prior_weight)
+            else:  # a drafter that classes its drafts (prompt lookup)
+                self.trackers[key] = AcceptanceTracker(cfg, cfg.priors[name])
         return self.trackers[key]
+
+    def _is_draft_model(self, name: str) -> bool:
+        """Drafters with priors of their own (prompt lookup, suffix) class their drafts;
+        the rest are draft models (an offer rate, a confidence stop)."""
+        return name not in self.config.priors
 
     # -- the planner interface -------------------------------------------------------
 
@@ -340,11 +345,11 @@ class AdaptivePlanner:
             self._asked.add(drafter.name)
             if self.cost.c(drafter.name) < self.config.cheap_drafter:
                 return Proposal(drafter, limit)  # asking costs nothing: decide on the draft
-            if drafter.name not in self.config.priors:  # a draft model: where it stops
+            if self._is_draft_model(drafter.name):  # where it stops
                 token_cost = self.cost.c(drafter.name) + self.cost.v(2) - self.cost.v(1)
+                alpha = self.tracker(drafter.name).alpha
                 drafter.min_confidence = self.stop_at = self.stop.threshold(
-                    token_cost, self.tracker(drafter.name).alpha[0] if self.tracker(drafter.name).alpha
-                    else self.config.model_prior)
+                    token_cost, alpha[0] if alpha else self.config.model_prior)
             k, probe = self._decide(drafter.name, drafter.name, limit)
             if k:
                 return Proposal(drafter, k, probe)

@@ -144,7 +144,7 @@ def _exp_scaled(logits: np.ndarray, inverse_temperature: np.float32, out: np.nda
         low, high = _UNSHIFTED_TOTALS
         if (low <= totals < high) if totals.ndim == 0 else np.all((totals >= low) & (totals < high)):
             return blocks
-        # far below the top, -inf is the right answer
+        # Shifted: far below the top, overflow to -inf is the right answer.
         np.subtract(logits, logits.max(axis=-1, keepdims=True), out=out, casting="unsafe")
         out *= inverse_temperature
         np.exp(out, out=out)
@@ -220,7 +220,7 @@ class ProbRows:
 
     def top(self, count: int) -> np.ndarray:
         """The largest probability of each of the first ``count`` rows."""
-        return np.array([self._row(i)[0].max() * self._row(i)[2] for i in range(count)],
+        return np.array([weights.max() * scale for weights, _, scale in map(self._row, range(count))],
                         dtype=np.float32)
 
 

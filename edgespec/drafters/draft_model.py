@@ -85,10 +85,10 @@ class DraftModel:
         for i in range(num_draft):
             q, blocks = (None, None) if probs is None else probs_and_blocks(logits, params, out=probs[i])
             if self.min_confidence:  # looks at q before sampling: drafts stay distributed as q
-                confidence.append(float(top_probability(logits) if q is None else q.max()))
-                if confidence[-1] < self.min_confidence:
-                    confidence.pop()
+                sure = float(top_probability(logits) if q is None else q.max())
+                if sure < self.min_confidence:
                     break
+                confidence.append(sure)
             token = int(np.argmax(logits)) if q is None else sample_from(q, rng, blocks)
             token_ids.append(token)
             if i + 1 < num_draft:
