@@ -35,7 +35,7 @@ from .detokenize import IncrementalDetokenizer, StopMatcher
 from .drafters.base import Draft, Drafter
 from .errors import EdgespecError
 from .planner import DraftReport, FixedPlanner, Planner, RoundResult
-from .sampling import SamplingParams, make_rng
+from .sampling import SamplingParams, Scratch, make_rng
 from .stats import GenerationStats
 from .verify import runnable_drafts, verify_round
 
@@ -104,6 +104,7 @@ class Engine:
         self._clock = clock  # what times passes (tests give toy models a simulated one)
         self.target_cache = CachedModel(target)
         self._on_device = bool(getattr(target, "device_logits", False))
+        self._scratch = Scratch()  # the target's rows on the host, reused every round
         self._busy = threading.Lock()  # held by the one generation running
         # Held while engine code touches the models, never across a yield: close()
         # takes it to wait for a pass in flight, so it never frees a model in use.
@@ -389,7 +390,8 @@ class Engine:
         logits = self.target_cache.forward([ctx[-1], *draft.token_ids[:runnable]],
                                            on_device=self._on_device)
         verdict, top_probs = verify_round(logits, draft.token_ids, draft.probs, run.params, run.rng,
-                                          confidence=self.planner.wants_confidence)
+                                          draft_scales=draft.scales, confidence=self.planner.wants_confidence,
+                                          scratch=self._scratch)
         seconds = self._clock() - start
 
         self.planner.observe(RoundResult(

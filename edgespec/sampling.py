@@ -8,6 +8,7 @@ from, after identical temperature / top-k / top-p / min-p processing.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -88,7 +89,7 @@ def probs_and_blocks(logits: np.ndarray, params: SamplingParams, *,
                      out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """:func:`logits_to_probs`, and the :func:`block_sums` of the result that
     :func:`sample_from` would otherwise compute again."""
-    weights, blocks = _weights(logits, params, out)
+    weights, blocks = weights_and_blocks(logits, params, out=out)
     scale = 1.0 / blocks.sum(axis=-1, keepdims=True)
     # One multiply by the reciprocal: the ~1e-7 relative rounding a division would also have.
     weights *= scale.astype(np.float32)
@@ -96,10 +97,12 @@ def probs_and_blocks(logits: np.ndarray, params: SamplingParams, *,
     return weights, blocks
 
 
-def _weights(logits: np.ndarray, params: SamplingParams,
-             out: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+def weights_and_blocks(logits: np.ndarray, params: SamplingParams, *,
+                       out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The probabilities of :func:`logits_to_probs` up to a factor per row
-    (p = weights / total), and their block sums."""
+    (p = weights / total, the total being the block sums' sum), and their
+    :func:`block_sums`: what sampling needs, one pass over the vocabulary
+    short of normalised probabilities."""
     logits = np.asarray(logits)
     if out is None:
         out = np.empty(logits.shape, dtype=np.float32)
@@ -163,10 +166,14 @@ class ProbRows:
     it reads them as they are.
     """
 
-    def __init__(self, logits: np.ndarray | None, params: SamplingParams | None):
+    def __init__(self, logits: np.ndarray | None, params: SamplingParams | None,
+                 scratch: "Scratch | None" = None):
         self.logits, self.params = logits, params
         self.shape = None if logits is None else logits.shape
         self._rows: dict[int, tuple[np.ndarray, np.ndarray | None, float]] = {}  # weights, blocks, 1/total
+        # Row i is written to scratch row i, a residual to the row after the last.
+        self._buffer = None if scratch is None or logits is None else \
+            scratch.rows(self.shape[0] + 1, self.shape[-1])
 
     @classmethod
     def of_probs(cls, probs: np.ndarray) -> "ProbRows":
@@ -182,7 +189,8 @@ class ProbRows:
             raise IndexError(f"row {index} of {rows}")
         index = int(index) % rows
         if index not in self._rows:
-            weights, blocks = _weights(self.logits[index], self.params, None)
+            out = None if self._buffer is None else self._buffer[index]
+            weights, blocks = weights_and_blocks(self.logits[index], self.params, out=out)
             self._rows[index] = weights, blocks, 1.0 / float(blocks.sum())
         return self._rows[index]
 
@@ -197,17 +205,24 @@ class ProbRows:
         return sample_from(weights, rng, blocks)
 
     def sample_residual(self, index: int, q: np.ndarray | None, token: int | None,
-                        rng: np.random.Generator) -> int:
-        """A token from norm(max(0, p - q)) of row ``index``; with ``q`` None, from p
-        without ``token`` (q one-hot there; ``token`` None: p itself). From p when
-        that leaves no mass, which only rounding reaches (p == q: p is then exact)."""
+                        rng: np.random.Generator, q_scale: float = 1.0) -> int:
+        """A token from norm(max(0, p - q)) of row ``index`` (q = ``q * q_scale``);
+        with ``q`` None, from p without ``token`` (q one-hot there; ``token`` None:
+        p itself). From p when that leaves no mass, which only rounding reaches
+        (p == q: p is then exact)."""
         weights, _, scale = self._row(index)
-        if q is not None:  # in a buffer of its own: q belongs to the drafter
-            residual = np.multiply(weights, np.float32(scale))
+        # In a buffer of its own: q belongs to the drafter, the weights may be read again.
+        residual = None if self._buffer is None else self._buffer[-1]
+        if q is not None:
+            # max(0, p - q) / q_scale: the same draw, with no pass to scale q.
+            residual = np.multiply(weights, np.float32(scale / q_scale), out=residual)
             np.subtract(residual, q, out=residual)
             np.maximum(residual, 0.0, out=residual)
         elif token is not None:
-            residual = weights.copy()
+            if residual is None:
+                residual = weights.copy()
+            else:
+                np.copyto(residual, weights)
             residual[token] = 0.0
         else:
             return self.sample(index, rng)
@@ -222,6 +237,27 @@ class ProbRows:
         """The largest probability of each of the first ``count`` rows."""
         return np.array([weights.max() * scale for weights, _, scale in map(self._row, range(count))],
                         dtype=np.float32)
+
+
+class Scratch:
+    """Float32 rows kept from one round to the next, for sampling's work over the
+    vocabulary.
+
+    A row over a 150k vocabulary is 600 KB: glibc maps a fresh block of that size
+    from the system and unmaps it when freed, so a buffer allocated per row
+    page-faults on first touch, costing about as much as the exp it holds
+    (``scripts/bench_overhead.py``: 0.08 ms per row). One owner at a time: what
+    :meth:`rows` returned is overwritten by its next call.
+    """
+
+    def __init__(self):
+        self._buffer = np.empty((0, 0), np.float32)
+
+    def rows(self, count: int, width: int) -> np.ndarray:
+        """``[count, width]`` float32 rows (uninitialised)."""
+        if self._buffer.shape[0] < count or self._buffer.shape[1] != width:
+            self._buffer = np.empty((max(count, self._buffer.shape[0]), width), np.float32)
+        return self._buffer[:count]
 
 
 def top_probability(logits: np.ndarray) -> np.ndarray:
@@ -258,11 +294,18 @@ def _top_p(probs: np.ndarray, top_p: float) -> None:
 _BLOCK = 1024
 
 
+@functools.cache
+def _ones(dtype) -> np.ndarray:
+    return np.ones(_BLOCK, dtype=dtype)
+
+
 def block_sums(values: np.ndarray) -> np.ndarray:
     """Sums of ``values [..., V]`` over consecutive blocks of ids (float64, ``[..., blocks]``)."""
     lead, vocab = values.shape[:-1], values.shape[-1]
     whole = vocab - vocab % _BLOCK
-    sums = values[..., :whole].reshape(*lead, whole // _BLOCK, _BLOCK).sum(axis=-1)
+    # A product with a vector of ones: one vectorised pass, a third of the time
+    # numpy's pairwise sum takes over the same blocks (rounding alike at 1e-7).
+    sums = values[..., :whole].reshape(*lead, whole // _BLOCK, _BLOCK) @ _ones(values.dtype)
     if whole == vocab:
         return sums.astype(np.float64)
     return np.concatenate([sums, values[..., whole:].sum(axis=-1, keepdims=True)], axis=-1,

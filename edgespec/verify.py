@@ -29,7 +29,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .sampling import ProbRows, SamplingParams, top_probability
+from .sampling import ProbRows, SamplingParams, Scratch, top_probability
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,8 @@ def rejection_sample(
     draft_token_ids: Sequence[int],
     draft_probs: np.ndarray | None,
     rng: np.random.Generator,
+    *,
+    draft_scales: Sequence[float] | None = None,
 ) -> Verdict:
     """Verify one round of drafts: the accepted prefix, then the target's own token.
 
@@ -85,7 +87,9 @@ def rejection_sample(
     ``draft_token_ids`` has length k, and ``draft_probs`` is ``[k, V']`` or ``None`` for a deterministic drafter.
     ``V'`` may differ from ``V``: q of ids the target lacks cannot matter (p is
     0 there), and ids only the target has get q = 0. With k = 0 this samples
-    one token from ``target_probs[0]``: a plain step.
+    one token from ``target_probs[0]``: a plain step. ``draft_scales``: a factor
+    per row when ``draft_probs`` holds q only up to it (q = probs × scale, as a
+    drafter that skipped normalising its rows reports them).
     """
     num_draft = len(draft_token_ids)
     vocab_size = target_probs.shape[-1]
@@ -99,14 +103,15 @@ def rejection_sample(
     accepted: list[int] = []
     for i, token in enumerate(draft_token_ids):
         q = None if draft_probs is None else draft_probs[i]
+        q_scale = 1.0 if draft_scales is None else float(draft_scales[i])
         if token >= vocab_size:  # p = 0: a certain rejection
-            return Verdict(accepted, rows.sample_residual(i, q, None, rng))
-        q_token = 1.0 if q is None else float(q[token])
+            return Verdict(accepted, rows.sample_residual(i, q, None, rng, q_scale))
+        q_token = 1.0 if q is None else float(q[token]) * q_scale
         # u * q < p  <=>  u < p / q, written without the division so q == 0 is safe.
         if rng.random() * q_token < rows.prob(i, token):
             accepted.append(int(token))
             continue
-        return Verdict(accepted, rows.sample_residual(i, q, token, rng))
+        return Verdict(accepted, rows.sample_residual(i, q, token, rng, q_scale))
     return Verdict(accepted, rows.sample(num_draft, rng))
 
 
@@ -138,16 +143,21 @@ def _fit_vocab(draft_probs: np.ndarray, vocab_size: int) -> np.ndarray:
 
 
 def verify_round(logits, draft_token_ids: Sequence[int], draft_probs, params: SamplingParams,
-                 rng: np.random.Generator, *, confidence: bool = True) -> tuple[Verdict, np.ndarray]:
+                 rng: np.random.Generator, *, draft_scales: np.ndarray | None = None,
+                 confidence: bool = True, scratch: Scratch | None = None) -> tuple[Verdict, np.ndarray]:
     """The verdict on a round from the target's rows of logits ``[n, V]``, and the
     target's top probability at each token it commits (for the planner; empty
-    without ``confidence``).
+    without ``confidence``). ``draft_scales``: as in :func:`rejection_sample`.
+    ``scratch``: where the target's rows are computed on the host (the caller's,
+    reused round after round).
 
     Numpy logits are verified on the host (greedy, or :func:`rejection_sample`
     over rows computed as it reads them); an MLX array where it lives
     (:func:`edgespec.mlx_ops.verify_on_device`, one synchronization), unless a
     draft lies outside the target's vocabulary (rare: then on the host).
     """
+    if draft_scales is not None and not isinstance(logits, np.ndarray):  # for a device: q itself
+        draft_probs, draft_scales = draft_probs * np.asarray(draft_scales, np.float32)[:, None], None
     if type(logits).__module__.startswith("mlx"):
         if logits.shape[0] == len(draft_token_ids) + 1 and \
                 runnable_drafts(draft_token_ids, logits.shape[-1]) == len(draft_token_ids):
@@ -160,6 +170,6 @@ def verify_round(logits, draft_token_ids: Sequence[int], draft_probs, params: Sa
         verdict = greedy_verify(np.argmax(logits, axis=-1), draft_token_ids)
         rows = logits[:verdict.num_accepted + 1] if confidence else logits[:0]
         return verdict, top_probability(rows)
-    target_probs = ProbRows(logits, params)  # [n, V], rows computed as read
-    verdict = rejection_sample(target_probs, draft_token_ids, draft_probs, rng)
+    target_probs = ProbRows(logits, params, scratch)  # [n, V], rows computed as read
+    verdict = rejection_sample(target_probs, draft_token_ids, draft_probs, rng, draft_scales=draft_scales)
     return verdict, target_probs.top(verdict.num_accepted + 1 if confidence else 0)

@@ -73,11 +73,12 @@ def test_identical_drafter_accepts_every_draft_and_matches_target():
     assert totals.accepted == totals.drafted
 
 
-def broken_rejection_sample(target_probs, draft_token_ids, draft_probs, rng):
+def broken_rejection_sample(target_probs, draft_token_ids, draft_probs, rng, *, draft_scales=None):
     """The classic bug: on rejection, resample from p instead of norm(max(0, p - q))."""
     accepted = []
     for i, token in enumerate(draft_token_ids):
-        q_token = 1.0 if draft_probs is None else draft_probs[i, token]
+        q_token = 1.0 if draft_probs is None else \
+            draft_probs[i, token] * (1.0 if draft_scales is None else draft_scales[i])
         if rng.random() * q_token < target_probs[i][token]:
             accepted.append(int(token))
             continue

@@ -69,10 +69,12 @@ def test_greedy_speculative_equals_plain_on_smollm2(smollm2_path, smollm2_q2k_pa
     # Auto mode as edgespec.load sets it up: from this machine's calibrated costs.
     engine = Engine(target, draft, num_draft="auto", planner=auto_planner(target, draft)) \
         if drafter == "auto" else Engine(target, draft, num_draft=4)
-    # An answer that copies from the prompt: prompt lookup (auto mode's too) pays here.
+    # An answer that copies from the prompt, ~55 tokens long: prompt lookup (auto
+    # mode's too) pays here, and auto mode has the tokens to find that out.
     prompt = chat_prompt_ids(target, [{"role": "user", "content":
-                                       "Repeat this line three times, exactly: "
-                                       "the quick brown fox jumps over the lazy dog"}])
+                                       "Copy this Python code exactly:\n\n"
+                                       "def area(width, height):\n    return width * height\n\n"
+                                       "def perimeter(width, height):\n    return 2 * (width + height)\n"}])
     plain = engine.generate(prompt, GREEDY, max_tokens=64, speculative=False)
     spec = engine.generate(prompt, GREEDY, max_tokens=64)
     s = spec.stats

@@ -106,10 +106,14 @@ def test_greedy_verify(argmax, drafts, out):
 
 
 def test_rows_computed_as_read_give_the_same_verdicts_as_the_full_array():
-    """The engine verifies from lazily computed rows of p (ProbRows): with the same
-    random stream, every verdict equals the reference's on the full [k+1, V] array."""
+    """The engine verifies from lazily computed rows of p (ProbRows, in a scratch
+    buffer reused round after round), with q as a draft model reports it (rows up
+    to a factor each): with the same random stream, every verdict equals the
+    reference's on the full [k+1, V] array and normalised q. The factors are powers
+    of two, which scale every float exactly, so the verdicts must be identical."""
     from edgespec import SamplingParams
-    from edgespec.sampling import ProbRows, logits_to_probs
+    from edgespec.sampling import ProbRows, Scratch, logits_to_probs
+    scratch = Scratch()
     rng = np.random.default_rng(3)
     params = SamplingParams(temperature=0.8, top_p=0.95)
     vocab = 3000
@@ -122,9 +126,14 @@ def test_rows_computed_as_read_give_the_same_verdicts_as_the_full_array():
         q = None if trial % 2 else logits_to_probs(
             logits[:k] + rng.normal(0, 1, (k, vocab)).astype(np.float32), params)
         seed = int(rng.integers(1 << 30))
-        lazy = ProbRows(logits, params)
+        lazy = ProbRows(logits, params, scratch)
         expected = rejection_sample(full, drafts, q, np.random.default_rng(seed))
         got = rejection_sample(lazy, drafts, q, np.random.default_rng(seed))
         assert got == expected
         np.testing.assert_array_equal(lazy.top(got.num_accepted + 1),
                                       full[:got.num_accepted + 1].max(-1))
+        if q is not None:
+            factors = 2.0 ** rng.integers(-20, 20, k)
+            unnormalised = q * factors[:, None].astype(np.float32)
+            assert rejection_sample(ProbRows(logits, params, scratch), drafts, unnormalised,
+                                    np.random.default_rng(seed), draft_scales=1 / factors) == expected

@@ -15,7 +15,9 @@ class Draft:
     """Proposed tokens and the distribution each was sampled from.
 
     ``probs`` is ``[len(token_ids), V]``, or ``None`` for a deterministic
-    drafter (q one-hot on each proposed token).
+    drafter (q one-hot on each proposed token). With ``scales``, ``probs``
+    holds q only up to a factor per row: q = probs × scale (a drafter that
+    samples from unnormalised rows saves a pass over the vocabulary).
     """
 
     token_ids: list[int]
@@ -26,6 +28,7 @@ class Draft:
     # How sure the drafter was of each token (a draft model: its top probability
     # before sampling it), for planners that learn where drafting stops paying.
     confidence: list[float] | None = None
+    scales: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -36,7 +39,8 @@ class Draft:
             return self
         probs = None if self.probs is None else self.probs[:num_draft]
         confidence = None if self.confidence is None else self.confidence[:num_draft]
-        return Draft(self.token_ids[:num_draft], probs, self.bucket, confidence)
+        scales = None if self.scales is None else self.scales[:num_draft]
+        return Draft(self.token_ids[:num_draft], probs, self.bucket, confidence, scales)
 
 
 @runtime_checkable

@@ -8,7 +8,7 @@ import numpy as np
 
 from ..backends.base import Backend
 from ..cache import CachedModel, common_prefix_length
-from ..sampling import SamplingParams, probs_and_blocks, sample_from, top_probability
+from ..sampling import SamplingParams, Scratch, sample_from, top_probability, weights_and_blocks
 from .base import Draft
 
 
@@ -36,6 +36,9 @@ class DraftModel:
         self._next_logits: np.ndarray | None = None  # [V] after the cached tokens
         # A backend whose logits stay on its device (MLX) drafts there (edgespec.mlx_ops).
         self._on_device = bool(getattr(backend, "device_logits", False))
+        # q of each draft on the host: a draft's probs are read until it is verified,
+        # and the next proposal overwrites them.
+        self._scratch = Scratch()
 
     @property
     def n_ctx(self) -> int:
@@ -79,22 +82,28 @@ class DraftModel:
             return self._propose_on_device(context, logits, num_draft, params, rng)
         token_ids: list[int] = []
         confidence: list[float] = []  # the top probability before each draft (with a stop)
-        # q of each draft, written in place (greedy drafts are one-hot in q, which the
-        # verifier reads from None).
-        probs = None if params.greedy else np.empty((num_draft, logits.shape[-1]), np.float32)
+        # q of each draft up to a factor (q = weights × scale), written in place
+        # (greedy drafts are one-hot in q, which the verifier reads from None).
+        probs = None if params.greedy else self._scratch.rows(num_draft, logits.shape[-1])
+        scales = None if probs is None else np.empty(num_draft)
         for i in range(num_draft):
-            q, blocks = (None, None) if probs is None else probs_and_blocks(logits, params, out=probs[i])
+            weights, blocks = (None, None) if probs is None else \
+                weights_and_blocks(logits, params, out=probs[i])
+            if weights is not None:
+                scales[i] = 1.0 / blocks.sum()
             if self.min_confidence:  # looks at q before sampling: drafts stay distributed as q
-                sure = float(top_probability(logits) if q is None else q.max())
+                sure = float(top_probability(logits) if weights is None else weights.max() * scales[i])
                 if sure < self.min_confidence:
                     break
                 confidence.append(sure)
-            token = int(np.argmax(logits)) if q is None else sample_from(q, rng, blocks)
+            token = int(np.argmax(logits)) if weights is None else sample_from(weights, rng, blocks)
             token_ids.append(token)
             if i + 1 < num_draft:
                 logits = self.cache.forward([token])[-1]
-        return Draft(token_ids, None if probs is None or not token_ids else probs[:len(token_ids)],
-                     confidence=confidence if self.min_confidence else None)
+        if probs is None or not token_ids:
+            return Draft(token_ids, confidence=confidence if self.min_confidence else None)
+        return Draft(token_ids, probs[:len(token_ids)], confidence=confidence if self.min_confidence else None,
+                     scales=scales[:len(token_ids)])
 
     def _propose_on_device(self, context: Sequence[int], logits, num_draft: int,
                            params: SamplingParams, rng: np.random.Generator) -> Draft:
