@@ -138,10 +138,22 @@ class Engine:
                 else:  # from this pair's cached costs (a short calibration the first time)
                     from .loading import auto_planner
                     planner = auto_planner(self.target, drafter)
+                    self._forget_caches_if_used([self.target_cache, getattr(drafter, "cache", None)],
+                                                drafter)
             self._auto = (planner, drafter)
         self.planner = planner or FixedPlanner(drafter, num_draft)
         self.drafter = drafter
         self.num_draft = num_draft
+
+    def _forget_caches_if_used(self, caches: list[CachedModel | None], drafter: Drafter | None) -> None:
+        """A first calibration of a pair runs passes on both models and leaves them
+        empty: if a model no longer holds what its cache says, start both afresh
+        (the next generation evaluates its prompt again) instead of decoding on
+        from a context that is gone."""
+        if any(c is not None and c.backend.n_past != len(c.tokens) for c in caches):
+            self.target_cache.rewind(0)
+            if drafter is not None:
+                drafter.reset()
 
     def set_drafter(self, drafter: Drafter | None) -> None:
         """Use another drafter from the next generation on (checked like the first)."""

@@ -1,7 +1,8 @@
 """llama.cpp's own tools, built from the sources vendored in llama-cpp-python's sdist.
 
 Benchmarks compare edgespec side by side with ``llama-bench`` (plain decoding
-speed) and ``llama-speculative-simple`` (llama.cpp's draft-model speculation)
+speed) and ``llama-speculative-simple`` (llama.cpp's draft-model and n-gram
+speculation)
 built from the *same* llama.cpp that edgespec runs through llama-cpp-python.
 The build is cached in ``$EDGESPEC_HOME/llama.cpp-reference/<version>``.
 """
@@ -92,13 +93,36 @@ class SpecResult:
         return self.accepted / self.drafted if self.drafted else 0.0
 
 
-def speculative_simple(bin_dir: Path, target: Path, draft: Path, prompt: str, *, threads: int,
-                       num_draft: int, max_tokens: int, n_ctx: int = 4096) -> SpecResult:
-    """Run llama.cpp's draft-model speculation greedily on one (already templated) prompt."""
-    command = [str(bin_dir / "llama-speculative-simple"), "-m", str(target), "-md", str(draft),
-               "-t", str(threads), "-td", str(threads), "-c", str(n_ctx), "-p", prompt,
-               "-n", str(max_tokens), "--temp", "0", "--spec-type", "draft-simple",
-               "--spec-draft-n-max", str(num_draft), "--spec-draft-n-min", "0"]
+# llama.cpp's speculation without a draft model, by name: the spec type and its sizes.
+# With llama.cpp's defaults, sized for GPUs: ngram-simple continues the last earlier
+# occurrence of the context's last 12 tokens with the 48 after it; ngram-map-k drafts
+# 48 tokens seen to follow a 12-token key; ngram-mod matches a hashed 24-gram. And the
+# two map modes sized like edgespec's lookup (a 4-token key, 8 tokens drafted).
+NGRAM_MODES = {
+    "ngram-simple": ["--spec-type", "ngram-simple"],
+    "ngram-map-k": ["--spec-type", "ngram-map-k"],
+    "ngram-mod": ["--spec-type", "ngram-mod"],
+    "ngram-simple n4 m8": ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "4",
+                           "--spec-ngram-simple-size-m", "8"],
+    "ngram-map-k n4 m8": ["--spec-type", "ngram-map-k", "--spec-ngram-map-k-size-n", "4",
+                          "--spec-ngram-map-k-size-m", "8"],
+}
+
+
+def speculative_simple(bin_dir: Path, target: Path, draft: Path | None, prompt: str, *, threads: int,
+                       num_draft: int, max_tokens: int, n_ctx: int = 4096,
+                       spec_type: str = "draft-simple") -> SpecResult:
+    """Run llama.cpp's speculation greedily on one (already templated) prompt: with
+    the ``draft`` model (``draft-simple``, up to ``num_draft`` tokens a round), or one
+    of the :data:`NGRAM_MODES` by name (no draft model; their own draft lengths)."""
+    command = [str(bin_dir / "llama-speculative-simple"), "-m", str(target),
+               "-t", str(threads), "-c", str(n_ctx), "-p", prompt,
+               "-n", str(max_tokens), "--temp", "0"]
+    if spec_type == "draft-simple":
+        command += ["--spec-type", "draft-simple", "-md", str(draft), "-td", str(threads),
+                    "--spec-draft-n-max", str(num_draft), "--spec-draft-n-min", "0"]
+    else:
+        command += NGRAM_MODES[spec_type]
     if not repack_flag():
         command.append("--no-repack")
     out = subprocess.run(command, capture_output=True, text=True, check=True)

@@ -61,6 +61,23 @@ def test_greedy_speculative_equals_plain_on_tiny_models(tiny_gguf_pair, drafter)
     assert spec.stats.accepted > 0
 
 
+def test_switching_a_live_engine_to_auto_keeps_its_caches_true(tiny_gguf_pair, tmp_path, monkeypatch):
+    """With no cached costs for the pair, switching to auto mode calibrates it: passes
+    on both models, after which their caches no longer hold the conversation. The
+    engine must not go on as if they did (it answered another question)."""
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))  # no calibration cached
+    target = LlamaCppBackend(tiny_gguf_pair[0], n_ctx=256)
+    drafter = DraftModel(LlamaCppBackend(tiny_gguf_pair[1], n_ctx=256))
+    engine = Engine(target, drafter, num_draft=2)
+    prompt = [1, 4, 5, 6, 4, 5, 7, 8, 9, 4, 5, 6]
+    before = engine.generate(prompt, GREEDY, max_tokens=40)
+    engine.configure(drafter, "auto")
+    assert list((tmp_path / "calibration").glob("*.json"))  # it did calibrate
+    for speculative in (False, True):
+        after = engine.generate(prompt, GREEDY, max_tokens=40, speculative=speculative)
+        assert after.token_ids == before.token_ids
+
+
 @pytest.mark.parametrize("drafter", ["draft-model", "lookup", "auto"])
 def test_greedy_speculative_equals_plain_on_smollm2(smollm2_path, smollm2_q2k_path, drafter):
     target = LlamaCppBackend(smollm2_path, n_ctx=1024)
