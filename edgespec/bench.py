@@ -124,8 +124,10 @@ def run_bench(config: BenchConfig, options: BackendOptions, *, progress=None, lo
     engine = Engine(target, None, num_draft=max(config.num_draft))
     model_drafters = [d for d in drafters.values() if isinstance(d, DraftModel)]
     fixed = [(name, k) for name in drafters for k in config.num_draft]
-    # Auto mode runs with prompt lookup and the first draft model listed.
+    # Auto mode runs with the first draft model listed and a drafter that costs nothing
+    # to ask: the suffix drafter when it is listed, else prompt lookup.
     auto_drafter = model_drafters[0] if model_drafters else None
+    auto_cheap = drafters.get("suffix") or PromptLookup(max_ngram=8)
     total = (config.repeat * len(config.temperatures) * sum(len(c) for p in prompts.values() for c in p)
              * (2 + len(fixed) + config.auto))
     runs: list[RunRecord] = []
@@ -137,13 +139,15 @@ def run_bench(config: BenchConfig, options: BackendOptions, *, progress=None, lo
                     params = SamplingParams(temperature=temperature, seed=config.seed + repeat)
                     plans = [("plain", "none", 0)] + [("fixed", name, k) for name, k in fixed]
                     if config.auto:
-                        plans.append(("auto", auto_drafter.name if auto_drafter else "lookup", 0))
+                        plans.append(("auto", auto_drafter.name if auto_drafter else auto_cheap.name, 0))
                     plans.append(("plain", "none", 0))
                     replies = []  # per plan, a generation per turn
                     for mode, name, k in plans:
                         replies.append([])
-                        for g in _run_conversation(engine, target, mode, drafters.get(name), k,
-                                                   prior, turns, params, config):
+                        drafter = auto_cheap if mode == "auto" and auto_drafter is None \
+                            else drafters.get(name)
+                        for g in _run_conversation(engine, target, mode, drafter, k, prior, turns,
+                                                   params, config, auto_cheap):
                             replies[-1].append(g)
                             done += 1
                             if progress:
@@ -180,20 +184,21 @@ def run_bench(config: BenchConfig, options: BackendOptions, *, progress=None, lo
 
 
 def _run_conversation(engine: Engine, target, mode: str, drafter, k: int, prior: dict,
-                      turns: list[str], params, config):
+                      turns: list[str], params, config, cheap):
     """Yield a generation per user turn: plain decoding, a fixed drafter and k, or
-    auto mode, with the conversation, the KV cache and the drafters' state carried
-    from turn to turn as in ``edgespec chat``."""
-    if hasattr(drafter, "forget"):
-        drafter.forget()  # each conversation starts with an empty drafter memory
+    auto mode (over ``cheap``, prompt lookup or the suffix drafter, and
+    ``drafter``), with the conversation, the KV cache and the drafters' state
+    carried from turn to turn as in ``edgespec chat``."""
+    for d in (drafter, cheap) if mode == "auto" else (drafter,):
+        if hasattr(d, "forget"):
+            d.forget()  # each conversation starts with an empty drafter memory
     if mode == "auto":
         # A fresh planner per conversation (a new process's first generation), starting
         # from the costs measured at the start of the sweep.
         policy = PolicyConfig()
         if isinstance(drafter, DraftModel):
             drafter.min_confidence = policy.draft_p_min
-        planner = AdaptivePlanner(auto_drafters(drafter, PromptLookup(max_ngram=8)),
-                                  CostModel(prior), policy)
+        planner = AdaptivePlanner(auto_drafters(drafter, cheap), CostModel(prior), policy)
         engine.configure(drafter, "auto", planner)
     elif mode == "fixed":
         if isinstance(drafter, DraftModel):

@@ -329,7 +329,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--no-auto", action="store_true",
-                   help="leave out auto mode (which runs with lookup and the first draft model listed)")
+                   help="leave out auto mode (which runs with the first draft model listed and the suffix "
+                        "drafter if listed, else prompt lookup)")
     p.add_argument("--json", type=Path, default=None, help="write everything as JSON")
     p.add_argument("--csv", type=Path, default=None, help="write the summary table as CSV")
     p.add_argument("--plot", type=Path, default=None, help="draw speedup vs k and acceptance (PNG)")

@@ -36,6 +36,19 @@ def test_the_most_frequent_continuation_wins_and_unsure_ones_are_not_drafted():
     assert len(draft(SuffixDrafter(min_confidence=0.4), forked, k=4)) == 4
 
 
+def test_of_equally_frequent_continuations_the_latest_wins():
+    """Code edited turn after turn: where two versions were seen as often, the draft
+    follows the one seen last (the latest version), whichever came first."""
+    for first, then in ((3, 4), (4, 3)):
+        context = [1, 2, first, 9, 1, 2, then, 9, 1, 2]
+        assert draft(SuffixDrafter(min_confidence=0.0), context, k=1).token_ids == [then]
+    # Counted again, a continuation becomes the latest: 3, 4, 3, 4 (two each) drafts 4.
+    # (Two-token keys only: a longer match would say what followed this very sequence.)
+    for first, then in ((3, 4), (4, 3)):
+        context = [1, 2, first, 9, 1, 2, then, 9] * 2 + [1, 2]
+        assert draft(SuffixDrafter(min_confidence=0.0, max_ngram=2), context, k=1).token_ids == [then]
+
+
 def test_it_remembers_an_earlier_conversation():
     drafter = SuffixDrafter()
     earlier = list(range(10, 60))  # a reply in another conversation

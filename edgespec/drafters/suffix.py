@@ -51,7 +51,9 @@ class NgramCounts:
                 followers = table.get(key)
                 if followers is None:
                     followers = table[key] = {}
-                count = followers.get(follower, 0) + sign
+                # Counted again, a follower moves to the end: followers stay in the order
+                # they were last seen, for ties to go to the most recent.
+                count = (followers.pop(follower, 0) if sign > 0 else followers.get(follower, 0)) + sign
                 if count > 0:
                     followers[follower] = count
                 else:
@@ -62,11 +64,13 @@ class NgramCounts:
 
     def continuation(self, tokens: Sequence[int], min_ngram: int) -> tuple[int, float, int] | None:
         """The most frequent follower of the longest counted suffix of ``tokens``
-        (at least ``min_ngram`` long): (token, its frequency there, n), or None."""
+        (at least ``min_ngram`` long; of equally frequent ones, the one seen last:
+        a conversation that edits code goes on from its latest version): (token,
+        its frequency there, n), or None."""
         for n in range(min(self.max_ngram, len(tokens)), min_ngram - 1, -1):
             followers = self.tables[n].get(tuple(tokens[len(tokens) - n:]))
             if followers:
-                token, count = max(followers.items(), key=lambda item: item[1])
+                token, count = max(reversed(followers.items()), key=lambda item: item[1])
                 return token, count / sum(followers.values()), n
         return None
 
