@@ -138,22 +138,10 @@ class Engine:
                 else:  # from this pair's cached costs (a short calibration the first time)
                     from .loading import auto_planner
                     planner = auto_planner(self.target, drafter)
-                    self._forget_caches_if_used([self.target_cache, getattr(drafter, "cache", None)],
-                                                drafter)
             self._auto = (planner, drafter)
         self.planner = planner or FixedPlanner(drafter, num_draft)
         self.drafter = drafter
         self.num_draft = num_draft
-
-    def _forget_caches_if_used(self, caches: list[CachedModel | None], drafter: Drafter | None) -> None:
-        """A first calibration of a pair runs passes on both models and leaves them
-        empty: if a model no longer holds what its cache says, start both afresh
-        (the next generation evaluates its prompt again) instead of decoding on
-        from a context that is gone."""
-        if any(c is not None and c.backend.n_past != len(c.tokens) for c in caches):
-            self.target_cache.rewind(0)
-            if drafter is not None:
-                drafter.reset()
 
     def set_drafter(self, drafter: Drafter | None) -> None:
         """Use another drafter from the next generation on (checked like the first)."""
@@ -329,6 +317,7 @@ class Engine:
         eos = self.target.vocab.eos_token_ids
         start = self._clock()
         decode_start = None
+        self._resync_caches()
         try:
             # Prefill all but the last prompt token: it is evaluated with the first
             # round's drafts, so even the first generated token is speculative.
@@ -365,6 +354,21 @@ class Engine:
                 if run.speculative:
                     for drafter in self.active_drafters():
                         drafter.rewind(ctx)
+
+    def _resync_caches(self) -> None:
+        """Where a model no longer holds what its cache lists, start that cache afresh.
+
+        A model used outside the engine between generations (a pair's first cost
+        calibration, from ``configure(..., "auto")`` or ``auto_planner``, runs passes
+        on both models and leaves them empty) lost the context: decoding on from it
+        would answer another question.
+        """
+        if self.target.n_past != len(self.target_cache.tokens):
+            self.target_cache.rewind(0)
+        for drafter in self.active_drafters():
+            cache = getattr(drafter, "cache", None)
+            if cache is not None and cache.backend.n_past != len(cache.tokens):
+                drafter.reset()
 
     def _prefill(self, run: _Run) -> bool:
         """Evaluate the prompt but its last token into the target's cache, in

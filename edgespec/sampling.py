@@ -82,19 +82,10 @@ def logits_to_probs(logits: np.ndarray, params: SamplingParams, *,
     times the cost over a 150k vocabulary. ``out``: where to write the result
     (same shape, float32), e.g. a row of a drafter's preallocated buffer.
     """
-    return probs_and_blocks(logits, params, out=out)[0]
-
-
-def probs_and_blocks(logits: np.ndarray, params: SamplingParams, *,
-                     out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`logits_to_probs`, and the :func:`block_sums` of the result that
-    :func:`sample_from` would otherwise compute again."""
     weights, blocks = weights_and_blocks(logits, params, out=out)
-    scale = 1.0 / blocks.sum(axis=-1, keepdims=True)
     # One multiply by the reciprocal: the ~1e-7 relative rounding a division would also have.
-    weights *= scale.astype(np.float32)
-    blocks *= scale
-    return weights, blocks
+    weights *= (1.0 / blocks.sum(axis=-1, keepdims=True)).astype(np.float32)
+    return weights
 
 
 def weights_and_blocks(logits: np.ndarray, params: SamplingParams, *,

@@ -81,8 +81,6 @@ def main() -> int:
     engine = Engine(target, None, num_draft=args.num_draft)
     params = SamplingParams(temperature=args.temp, seed=0)
 
-    if "auto" in modes:  # cache the pair's costs now: calibrating runs passes on both models
-        auto_planner(target, draft_model)
     reference = None
     if args.reference:
         import llamacpp_reference as ref
