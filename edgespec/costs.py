@@ -146,16 +146,17 @@ class CostModel:
             self._measured_v = {m: self._target[m].estimate() / step for m in self.measured_sizes()
                                 if m > 1} if step else {}
         measured = self._measured_v
+        points = {1: 1.0, **(measured or self.prior_v)}
         if n in measured:
             ratio = measured[n]
-        elif measured:
-            ratio = self._between(n, {1: 1.0, **measured})
-        elif self.prior_v:
-            ratio = self._between(n, {1: 1.0, **self.prior_v})
+        elif len(points) > 1:
+            ratio = self._between(n, points)
         else:
             ratio = float(n)  # nothing known: assume no batching gain at all
-        # A longer pass never costs less than a shorter one.
-        floor = self.v(n - 1) if n > 2 else 1.0
+        # A longer pass never costs less than a shorter one. Past the largest known size
+        # the estimate grows with n by construction, so the floor is the value there (a
+        # catch-up over a hundred tokens does not build a table of a hundred entries).
+        floor = self.v(min(n - 1, max([*points, *self.prior_v]))) if n > 2 else 1.0
         return _clamp(ratio, floor, float(n))
 
     def _between(self, n: int, points: dict[int, float]) -> float:

@@ -20,8 +20,14 @@ is tried until the evidence says otherwise; evidence ages while a drafter is
 not tried, so a losing one is tried again now and then. And the costs the
 decision rests on must be this run's own: while a drafter's cost or the
 verify cost has not been measured lately, it is retried (with a back-off
-that grows while retries lose, so regret stays bounded), and a plain step
-is taken now and then to keep the plain step's own cost fresh.
+that grows while retries lose), and a plain step is taken now and then to
+keep the plain step's own cost fresh.
+
+Every such try (a probe or a retry) is paid from an exploration budget: it
+earns a fixed share of each committed token's time and is charged what each
+try actually lost (refunded what one won). So where speculation never pays
+(chat with a draft model on a busy CPU), trying costs about that share and
+no more, and where it pays, winning tries keep the budget full.
 
 Choosing the proposal from past rounds only (never from the target's output
 for the round being verified) keeps the acceptance rule exact.
@@ -84,6 +90,12 @@ class PolicyConfig:
     retry_budget: float = 1.0     # plain steps a retry's catch-up may cost
     stale_after: int = 256        # rounds after which a measured cost counts as unmeasured
     refresh_plain_after: int = 128  # rounds between plain steps that re-measure the plain step
+    # Exploration is paid from a budget, in plain steps: it starts at explore_start, earns
+    # explore_rate per committed token, is charged what each probe round lost (credited what
+    # one won) and holds at most explore_cap. Where nothing pays, probes cost ~explore_rate.
+    explore_start: float = 2.0
+    explore_rate: float = 0.01
+    explore_cap: float = 4.0
 
 
 class _Rates:
@@ -298,6 +310,8 @@ class AdaptivePlanner:
         self._verifying: tuple[str, str | None, bool] | None = None  # drafter, bucket, stopped
         self._draft_seconds = 0.0  # spent drafting in the round in flight
         self._limit = 0  # the longest draft this round may verify
+        self.exploration = self.config.explore_start  # plain steps that tries may still lose
+        self._exploring = False  # the round in flight tried something on hope (a probe, a retry)
 
     @property
     def name(self) -> str:
@@ -389,6 +403,7 @@ class AdaptivePlanner:
                 self.tracker(f"{name}:{bucket}").update(result.num_drafted, result.num_accepted)
             if self._confidence is not None:
                 self.stop.observe(self._confidence[:result.num_drafted], result.num_accepted)
+        self._pay_exploration(result)
         for drafter in self.drafters:
             state = self._state[drafter.name]
             if drafter.name == verified:  # it holds its accepted drafts: 1 or 2 tokens to go
@@ -407,6 +422,17 @@ class AdaptivePlanner:
         self._caught_up.clear()
         self._verifying, self._confidence = None, None
         self._draft_seconds = 0.0
+        self._exploring = False
+
+    def _pay_exploration(self, result: RoundResult) -> None:
+        """Earn this round's share of the budget; charge it what a try lost (in plain
+        steps: the round's seconds over the plain step's, less the tokens it committed)."""
+        cfg, step = self.config, self.cost.step_seconds
+        self.exploration += cfg.explore_rate * result.num_committed
+        if self._exploring and step:
+            spent = (result.target_seconds + self._draft_seconds) / step
+            self.exploration -= spent - result.num_committed
+        self.exploration = min(self.exploration, cfg.explore_cap)
 
     def close(self) -> None:
         """Keep this run's measured costs as the next run's prior (only if it measured)."""
@@ -452,17 +478,20 @@ class AdaptivePlanner:
         k, speed = self.best_k(key, name, limit, behind=state.behind)
         if speed >= cfg.min_gain:
             return k, False
-        k, hope = self.best_k(key, name, limit, behind=state.behind, optimism=cfg.optimism)
-        if hope >= cfg.probe_gain:
-            return k, True
-        # The decision rests on costs this run has not measured (lately): retry now and
-        # then, so that a wrong cached number is corrected instead of locking this off,
-        # but only while a catch-up is cheap (a draft model that sat out long is not).
-        if self.cost.rounds_since_measured(name) > cfg.stale_after \
-                and state.since_retry >= state.retry_after \
-                and (state.behind <= 2 or self.cost.catch_up(name, state.behind) <= cfg.retry_budget):
-            state.retrying, state.since_retry = True, 0
-            return k, True
+        if self.exploration > 0:  # tries are paid from the exploration budget
+            k, hope = self.best_k(key, name, limit, behind=state.behind, optimism=cfg.optimism)
+            if hope >= cfg.probe_gain:
+                self._exploring = True
+                return k, True
+            # The decision rests on costs this run has not measured (lately): retry now and
+            # then, so that a wrong cached number is corrected instead of locking this off,
+            # but only while a catch-up is cheap (a draft model that sat out long is not).
+            if self.cost.rounds_since_measured(name) > cfg.stale_after \
+                    and state.since_retry >= state.retry_after \
+                    and (state.behind <= 2 or self.cost.catch_up(name, state.behind) <= cfg.retry_budget):
+                state.retrying, state.since_retry = True, 0
+                self._exploring = True
+                return k, True
         self.tracker(key).age()
         return 0, False
 

@@ -112,6 +112,33 @@ def test_auto_greedy_equals_plain_and_speculates_only_where_it_pays(batch_grows,
         assert s.tokens_per_second > 0.97 * plain.stats.tokens_per_second
 
 
+def test_exploration_is_paid_from_a_budget_that_bounds_what_it_loses():
+    """Sampled text from a toy model repeats only by coincidence, so prompt lookup's drafts
+    are mostly rejected; with a pass over n tokens costing 1 + 0.6 (n - 1) steps, verifying
+    them does not pay. A planner made very hopeful (low priors, but optimism 5: it would try
+    nearly every draft) loses no more than its exploration budget allows: explore_start
+    plus explore_rate per token, in plain steps."""
+    n, params, grows = 400, SamplingParams(temperature=1.0, seed=3), 0.6
+    hopeful = dict(optimism=5.0, priors={"lookup": 0.1}, continuation_prior=0.1)
+
+    def steps_lost(config):
+        clock = SimClock()
+        target = ToyBackend.random(12, seed=5, scale=2.0, clock=clock, step_seconds=STEP,
+                                   token_seconds=grows * STEP)
+        planner = AdaptivePlanner([PromptLookup(max_ngram=8)], CostModel(true_prior(grows, 0.0)), config)
+        engine = Engine(target, None, num_draft="auto", planner=planner, clock=clock)
+        stats = engine.generate([0, 1, 2, 3, 0, 1], params, max_tokens=n).stats
+        assert stats.generated_tokens == n and stats.probes == stats.rounds > 5  # it tried
+        return stats.decode_time_s / STEP - n  # a plain step costs exactly STEP here
+
+    config = PolicyConfig(explore_start=2.0, explore_rate=0.02, **hopeful)
+    lost = steps_lost(config)
+    # One try may overdraw the budget by what it lost (at most v(9) - 1 = 4.8 steps).
+    assert 0 < lost <= config.explore_start + config.explore_rate * n + grows * 8
+    # Without the budget the same hopes cost far more.
+    assert steps_lost(PolicyConfig(explore_start=1e9, explore_cap=1e9, **hopeful)) > 3 * lost
+
+
 def test_exactness_with_auto_on():
     """Chi-square at significance 0.001, 20,000 samples of 3 tokens, fixed seed."""
     clock = SimClock()
