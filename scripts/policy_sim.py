@@ -9,7 +9,8 @@ probability (for the confidence stop), and the target's top probability.
 
 ``simulate`` then drives the real :class:`~edgespec.policy.AdaptivePlanner`
 through the planner interface (plan → review → observe), with the real
-:class:`~edgespec.drafters.PromptLookup` and a draft model replayed from the
+:class:`~edgespec.drafters.PromptLookup` (or the real suffix drafter, for
+``auto+suffix`` and the fixed suffix rows) and a draft model replayed from the
 trace, and charges each round the machine's measured costs (v(n), c and the
 catch-up, in plain steps). The planner sees simulated seconds exactly as it
 sees real ones, so its cost estimation runs too; ``--prior`` starts it from
@@ -34,7 +35,7 @@ from dataclasses import fields, replace
 import numpy as np
 
 from edgespec.costs import CostModel, calibrate
-from edgespec.drafters import Draft, PromptLookup
+from edgespec.drafters import Draft, PromptLookup, SuffixDrafter
 from edgespec.planner import DraftReport, RoundResult
 from edgespec.policy import AdaptivePlanner, PolicyConfig
 from edgespec.sampling import SamplingParams, logits_to_probs, top_probability
@@ -101,13 +102,15 @@ class TraceModel:
 
 def replay(trace: dict, true: CostModel, *, config: PolicyConfig | None = None,
            prior: dict | None = None, drafter: str | None = None, k: int = 0, rng=None,
-           tally: dict | None = None) -> float:
+           tally: dict | None = None, cheap: str = "lookup") -> float:
     """Speedup over plain decoding of one trace: auto (with ``config``, its costs
-    starting from ``prior``) or a fixed drafter and k."""
+    starting from ``prior``, over the draft model and ``cheap``: prompt lookup or
+    the suffix drafter) or a fixed drafter (the draft model, lookup, suffix) and k."""
     out, prompt, accept, top = trace["out"], trace["prompt"], trace["accept"], trace["top"]
     target_top = np.asarray(trace.get("target_top", [1.0] * len(out)))
     greedy, n = trace["temp"] == 0, len(out)
-    lookup = PromptLookup(max_ngram=8 if config else 4)
+    uses_suffix = drafter == "suffix" or (config is not None and cheap == "suffix")
+    lookup = SuffixDrafter() if uses_suffix else PromptLookup(max_ngram=8 if config else 4)
     model = TraceModel()
     planner = AdaptivePlanner([lookup, model], CostModel(prior), config) if config else None
     if planner:
@@ -138,7 +141,7 @@ def replay(trace: dict, true: CostModel, *, config: PolicyConfig | None = None,
                 use = proposal.drafter.name
             else:
                 use = drafter
-            if use == "lookup":
+            if use == lookup.name:
                 draft = lookup.propose(context, limit, params, rng)
                 caught_up, catch_s, draft_s = 0, 0.0, 0.0
             else:
@@ -155,7 +158,7 @@ def replay(trace: dict, true: CostModel, *, config: PolicyConfig | None = None,
         if kind is None:
             draft = Draft([])  # nothing worth verifying: a plain step
         accepted = 0
-        if kind == "lookup":
+        if kind == lookup.name:
             while accepted < len(draft) and out[t + accepted] == draft.token_ids[accepted]:
                 accepted += 1
         elif kind is not None:
@@ -191,10 +194,14 @@ def simulate(args) -> None:
             raise SystemExit(f"unknown PolicyConfig field {name!r}: one of {', '.join(sorted(names))}")
         changes[name] = type(getattr(PolicyConfig(), name))(float(value))
     config = replace(PolicyConfig(), **changes)
-    settings = {f"{d} k{k}": dict(drafter=d, k=k) for d in (MODEL, "lookup") for k in (2, 4)}
-    settings["auto"] = dict(auto=True)
+    settings = {f"{d} k{k}": dict(drafter=d, k=k) for d in (MODEL, "lookup", "suffix") for k in (2, 4)}
+    settings["auto"] = dict(auto=True, cheap="lookup")
+    settings["auto+suffix"] = dict(auto=True, cheap="suffix")
     groups = sorted({(t["set"], t["temp"]) for t in data["traces"]})
-    print("".ljust(10) + "".join(f"{s}/T={t:g}".rjust(14) for s, t in groups))
+    # The geometric mean over a set's traces: a median of a handful jumps between traces.
+    print("speedup over plain, geometric mean of each set's traces")
+    print("".ljust(18) + "".join(f"{s}/T={t:g}".rjust(14) for s, t in groups))
+    table = {}
     for label, setting in settings.items():
         cells = []
         for group in groups:
@@ -204,10 +211,15 @@ def simulate(args) -> None:
                 speeds.append(statistics.mean(
                     replay(trace, true, rng=np.random.default_rng(seed),
                            config=config if setting.get("auto") else None, prior=prior,
-                           drafter=setting.get("drafter"), k=setting.get("k", 0))
+                           drafter=setting.get("drafter"), k=setting.get("k", 0),
+                           cheap=setting.get("cheap", "lookup"))
                     for seed in range(repeats)))
-            cells.append(statistics.median(speeds))
-        print(label.ljust(10) + "".join(f"{c:14.3f}" for c in cells))
+            cells.append(statistics.geometric_mean(speeds))
+        table[label] = cells
+        print(label.ljust(18) + "".join(f"{c:14.3f}" for c in cells))
+    best = [max(table[label][i] for label in settings if "auto" not in label) for i in range(len(groups))]
+    for label in ("auto", "auto+suffix"):
+        print(f"{label}/best".ljust(18) + "".join(f"{a / b:14.3f}" for a, b in zip(table[label], best)))
     if args.verbose:
         for trace in data["traces"]:
             tally: dict = {}
