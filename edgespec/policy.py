@@ -311,7 +311,7 @@ class AdaptivePlanner:
         self._draft_seconds = 0.0  # spent drafting in the round in flight
         self._limit = 0  # the longest draft this round may verify
         self.exploration = self.config.explore_start  # plain steps that tries may still lose
-        self._exploring = False  # the round in flight tried something on hope (a probe, a retry)
+        self._exploring = False  # the round in flight asked or verified a probe or a retry
 
     @property
     def name(self) -> str:
@@ -366,6 +366,7 @@ class AdaptivePlanner:
                     token_cost, alpha[0] if alpha else self.config.model_prior)
             k, probe = self._decide(drafter.name, drafter.name, limit)
             if k:
+                self._exploring |= probe  # its drafting is paid from the budget too
                 return Proposal(drafter, k, probe)
         return None
 
@@ -387,6 +388,7 @@ class AdaptivePlanner:
                     self.best_k(f"{name}:{draft.bucket}", name, keep)[1])):
                 return None
             verified = Proposal(proposal.drafter, keep, probe)
+        self._exploring |= verified.probe
         self._verifying = (name, draft.bucket, stopped and verified.num_draft == len(draft))
         self._confidence = draft.confidence
         return verified
@@ -481,7 +483,6 @@ class AdaptivePlanner:
         if self.exploration > 0:  # tries are paid from the exploration budget
             k, hope = self.best_k(key, name, limit, behind=state.behind, optimism=cfg.optimism)
             if hope >= cfg.probe_gain:
-                self._exploring = True
                 return k, True
             # The decision rests on costs this run has not measured (lately): retry now and
             # then, so that a wrong cached number is corrected instead of locking this off,
@@ -490,7 +491,6 @@ class AdaptivePlanner:
                     and state.since_retry >= state.retry_after \
                     and (state.behind <= 2 or self.cost.catch_up(name, state.behind) <= cfg.retry_budget):
                 state.retrying, state.since_retry = True, 0
-                self._exploring = True
                 return k, True
         self.tracker(key).age()
         return 0, False
