@@ -78,8 +78,8 @@ class PolicyConfig:
         "lookup:match4": 0.6, "lookup:match8": 0.8,
         "suffix": 0.5, "suffix:maybe": 0.3, "suffix:maybe-long": 0.4, "suffix:likely": 0.4,
         "suffix:likely-long": 0.5, "suffix:sure": 0.6, "suffix:sure-long": 0.8})
-    # A draft that continues a copy is accepted whole or cut at one point: the α of a
-    # later position, given the ones before it were accepted, starts from this.
+    # A draft that continues a copy is accepted whole or cut at one point: the α of the
+    # later positions, given the ones before were accepted (one rate, shared), starts here.
     continuation_prior: float = 0.8
     compare_drafters: bool = True  # a cheap drafter's draft gives way to a better later one
     catch_up_rounds: float = 3.0  # rounds a draft model's catch-up is spread over (it pays
@@ -126,16 +126,23 @@ class _Rates:
     def estimates(self, k: int, optimism: float = 0.0, prior: float | None = None) -> list[float]:
         """Rates of positions 0..k-1, plus ``optimism`` standard errors (capped at 1).
 
-        ``prior`` replaces the prior of position 0.
+        ``prior`` replaces the prior of position 0. With a ``later_prior``, the
+        positions after the first share one rate, from the evidence of all of them
+        (a copy goes on, or ends, at about the same rate at every position, so the
+        positions tested teach the ones not tested yet).
         """
         result, prior = [], self.prior if prior is None else prior
         for i in range(k):
-            trials = self.trials[i] if i < len(self.trials) else 0.0
-            hits = self.hits[i] if i < len(self.hits) else 0.0
+            if i >= 1 and self.later_prior is not None:
+                hits, trials = sum(self.hits[1:]), sum(self.trials[1:])
+                prior = self.later_prior
+            else:
+                trials = self.trials[i] if i < len(self.trials) else 0.0
+                hits = self.hits[i] if i < len(self.hits) else 0.0
             n = trials + self.weight
             mean = (hits + self.weight * prior) / n
             result.append(min(1.0, mean + optimism * math.sqrt(mean * (1 - mean) / n)))
-            prior = mean if self.later_prior is None else self.later_prior
+            prior = mean
         return result
 
 

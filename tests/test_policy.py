@@ -66,6 +66,23 @@ def test_a_drafter_that_stops_early_is_expected_to_yield_less():
     assert hesitant.expected_speeds(2, 0.3, v)[-1] < steady.expected_speeds(2, 0.3, v)[-1]
 
 
+def test_a_copy_that_went_on_so_far_is_expected_to_go_on_further():
+    """Lookup drafts: positions after the first share one rate, so a copy that was
+    always accepted as far as it was verified (k = 3) is expected to go on past that,
+    and a longer draft pays, instead of untested positions staying at their prior."""
+    config = PolicyConfig()
+    tracker = AcceptanceTracker(config, prior=0.5, later_prior=config.continuation_prior)
+    for _ in range(40):
+        tracker.update(drafted=3, accepted=0)
+        tracker.update(drafted=3, accepted=3)
+    alpha = tracker._accept(8, 0.0)
+    assert alpha[0] == pytest.approx(0.5, abs=0.05)
+    assert min(alpha[1:]) > 0.95 > config.continuation_prior  # positions 4..8 were never tested
+    v = CostModel(true_prior(0.25, 0.0)).v
+    speeds = tracker.expected_speeds(8, 0.0, v)
+    assert int(np.argmax(speeds)) + 1 == 8
+
+
 def test_a_copy_in_progress_is_verified_far_and_a_coincidence_not_at_all():
     """Lookup drafts are judged by their kind once proposed (here: match length)."""
     config = PolicyConfig(optimism=0.0)
