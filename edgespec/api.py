@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
+from typing import Sequence
 
 from .drafters import DraftModel
 from .engine import Engine
@@ -17,7 +18,8 @@ def load(model: str | os.PathLike, draft: str | os.PathLike | None = None, backe
          draft_p_min: float | None = None, n_ctx: int = 4096,
          n_threads: int | None = None, n_gpu_layers: int = 0, flash_attn: bool | None = None,
          draft_n_threads: int | None = None, draft_n_gpu_layers: int | None = None,
-         mlx_quantize: str = "4bit", fetch: bool = True) -> Engine:
+         mlx_quantize: str = "4bit", fetch: bool = True,
+         rpc: str | Sequence[str] | None = None, draft_rpc: str | Sequence[str] | None = None) -> Engine:
     """Load a target model (and optionally a drafter) and return an :class:`Engine`.
 
     ``model``/``draft``: a .gguf path, a name from ``edgespec models list``, an
@@ -29,6 +31,9 @@ def load(model: str | os.PathLike, draft: str | os.PathLike | None = None, backe
     ``n_gpu_layers``/``n_threads`` (llama.cpp's ``-ngl``/``--threads``) apply to
     the draft model too unless ``draft_n_gpu_layers``/``draft_n_threads`` say
     otherwise (``-ngld``/``--threads-draft``).
+    ``rpc``: ``rpc-server`` endpoints (``"HOST:PORT,..."`` or a list) that hold
+    the target's layers, through llama.cpp's RPC backend; the draft model stays
+    on this machine unless ``draft_rpc`` names servers for it.
     Known models that are missing are fetched when ``fetch`` is true.
     Raises :class:`~edgespec.errors.EdgespecError` with a readable reason on
     bad input (missing file, incompatible drafter, ...).
@@ -39,13 +44,14 @@ def load(model: str | os.PathLike, draft: str | os.PathLike | None = None, backe
         raise EdgespecError(f"invalid --threads-draft {draft_n_threads}: must be >= 1")
     options = BackendOptions(backend=backend, n_ctx=n_ctx, n_threads=n_threads,
                              n_gpu_layers=n_gpu_layers, flash_attn=flash_attn,
-                             mlx_quantize=mlx_quantize, fetch=fetch)
+                             mlx_quantize=mlx_quantize, fetch=fetch, rpc=rpc or ())
     target = load_backend(model, options)
     try:
         draft_options = replace(
             options, backend=draft_backend or backend,
             n_threads=n_threads if draft_n_threads is None else draft_n_threads,
-            n_gpu_layers=n_gpu_layers if draft_n_gpu_layers is None else draft_n_gpu_layers)
+            n_gpu_layers=n_gpu_layers if draft_n_gpu_layers is None else draft_n_gpu_layers,
+            rpc=draft_rpc or ())
         drafter = load_drafter(draft, draft_options)
         if num_draft != "auto":
             if isinstance(drafter, DraftModel) and draft_p_min is not None:

@@ -13,7 +13,7 @@ import csv
 import json
 import platform
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from .costs import CostModel, calibrate
@@ -114,7 +114,7 @@ def run_bench(config: BenchConfig, options: BackendOptions, *, progress=None, lo
         if spec in BUILTIN_DRAFTERS:
             drafters[spec], memory[spec] = BUILTIN_DRAFTERS[spec](), 0
         else:
-            backend = load_backend(spec, options)
+            backend = load_backend(spec, replace(options, rpc=()))  # draft models stay here
             drafters[backend.name] = DraftModel(backend)
             memory[backend.name] = getattr(backend, "memory_bytes", 0)
     models = [(name, d.backend) for name, d in drafters.items() if isinstance(d, DraftModel)]
@@ -168,6 +168,7 @@ def run_bench(config: BenchConfig, options: BackendOptions, *, progress=None, lo
         "machine": {"node": platform.node(), "machine": platform.machine(),
                     "processor": platform.processor(), "python": platform.python_version()},
         "target": config.target,
+        "target_rpc": list(options.rpc),  # rpc-servers holding the target's layers, if any
         "config": asdict(config),
         "costs": {"v": prior["v"], "c": {name: cost.c(name) for name, _ in models},
                   "target_step_seconds": cost.step_seconds},

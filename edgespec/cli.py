@@ -39,6 +39,9 @@ def add_model_options(parser: argparse.ArgumentParser, *, model_required: bool =
                         help="layers to offload to the GPU (CUDA/Metal builds of llama.cpp)")
     parser.add_argument("-ngld", "--n-gpu-layers-draft", type=int, default=None,
                         help="the same for the draft model (default: as -ngl)")
+    add_rpc_option(parser)
+    parser.add_argument("--rpc-draft", default=None, metavar="HOST:PORT[,...]",
+                        help="rpc-server(s) for the draft model's layers (default: this machine)")
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads (default: physical cores)")
     parser.add_argument("-td", "--threads-draft", type=int, default=None,
@@ -47,6 +50,12 @@ def add_model_options(parser: argparse.ArgumentParser, *, model_required: bool =
     parser.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto")
     parser.add_argument("--mlx-quantize", choices=("4bit", "8bit", "none"), default="4bit",
                         help="MLX: requantize GGUF tensors other than Q4_0/Q4_1/Q8_0 to this")
+
+
+def add_rpc_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--rpc", default=None, metavar="HOST:PORT[,...]",
+                        help="put the target's layers on these rpc-servers (llama.cpp's RPC "
+                             "backend; the draft model stays here); see `edgespec info`")
 
 
 def num_draft_arg(value: str) -> int | str:
@@ -99,7 +108,7 @@ def build_engine(args, *, fetch: bool = False):
                 draft_p_min=args.draft_p_min, n_ctx=o.n_ctx,
                 n_threads=o.n_threads, n_gpu_layers=o.n_gpu_layers, flash_attn=o.flash_attn,
                 draft_n_threads=args.threads_draft, draft_n_gpu_layers=args.n_gpu_layers_draft,
-                mlx_quantize=o.mlx_quantize, fetch=fetch)
+                mlx_quantize=o.mlx_quantize, fetch=fetch, rpc=args.rpc, draft_rpc=args.rpc_draft)
 
 
 # -- generate ------------------------------------------------------------------------
@@ -200,7 +209,7 @@ def cmd_bench(args) -> int:
                          prompts_per_set=args.prompts_per_set, max_tokens=args.max_tokens,
                          repeat=args.repeat, auto=not args.no_auto)
     options = BackendOptions(backend=args.backend, n_ctx=args.ctx, n_threads=args.threads,
-                             n_gpu_layers=args.n_gpu_layers, fetch=True)
+                             n_gpu_layers=args.n_gpu_layers, fetch=True, rpc=args.rpc or ())
     console = stderr_console()
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console) as bar:
@@ -339,6 +348,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=BACKENDS, default="auto")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("-ngl", "--n-gpu-layers", type=int, default=0)
+    add_rpc_option(p)
     p.add_argument("--ctx", type=int, default=4096)
     p.set_defaults(func=cmd_bench)
 

@@ -264,6 +264,8 @@ def calibration_key(target: Backend, draft: Backend | None) -> str:
         size = os.path.getsize(path) if path and os.path.exists(path) else 0
         parts += [type(backend).__name__, str(path or backend.name), str(size),
                   str(getattr(backend, "n_threads", "")), str(getattr(backend, "n_gpu_layers", ""))]
+        if getattr(backend, "rpc", ()):  # its layers on other machines: other costs
+            parts.append("rpc=" + ",".join(backend.rpc))
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 

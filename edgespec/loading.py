@@ -28,6 +28,7 @@ class BackendOptions:
     flash_attn: bool | None = None
     fetch: bool = False  # fetch a known model that is not downloaded yet
     mlx_quantize: str = "4bit"  # GGUF files with other than Q4_0/Q4_1/Q8_0 tensors, on MLX
+    rpc: tuple[str, ...] = ()  # rpc-server endpoints for the model's layers (llama.cpp)
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -38,6 +39,13 @@ class BackendOptions:
             raise EdgespecError(f"invalid --mlx-quantize {self.mlx_quantize!r}: use 4bit, 8bit or none")
         if self.n_threads is not None and self.n_threads < 1:
             raise EdgespecError(f"invalid --threads {self.n_threads}: must be >= 1")
+        from .backends.rpc import parse_endpoints
+        self.rpc = parse_endpoints(self.rpc)
+        if self.rpc and self.backend == "mlx":
+            raise EdgespecError("--rpc runs a model on llama.cpp's RPC backend, not on MLX: "
+                                "use a GGUF model with --backend llama.cpp (or auto)")
+        if self.rpc:
+            self.backend = "llama.cpp"
 
 
 def on_apple_silicon() -> bool:
@@ -85,7 +93,7 @@ def load_backend(spec: str, options: BackendOptions, *, name: str | None = None)
         from .backends.llamacpp import LlamaCppBackend
         return LlamaCppBackend(path, n_ctx=options.n_ctx, n_threads=options.n_threads,
                                n_gpu_layers=options.n_gpu_layers, flash_attn=options.flash_attn,
-                               name=name or _display_name(spec))
+                               name=name or _display_name(spec), rpc=options.rpc)
     from .backends.mlx_backend import load_mlx_backend
     return load_mlx_backend(spec, options, name=name or _display_name(spec))
 

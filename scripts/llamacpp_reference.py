@@ -38,7 +38,42 @@ def build_reference(log=print) -> Path:
     bin_dir = reference_bin_dir()
     if all((bin_dir / tool).exists() for tool in TOOLS):
         return bin_dir
-    root = bin_dir.parent.parent
+    source = reference_source(log)
+    log("building llama-bench, llama-speculative-simple, llama-lookup (cmake)")
+    build = bin_dir.parent
+    subprocess.run(["cmake", "-S", str(source), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
+                    "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF"],
+                   check=True, capture_output=True)
+    subprocess.run(["cmake", "--build", str(build), "-j", str(os.cpu_count() or 2),
+                    "--target", *TOOLS], check=True, capture_output=True)
+    return bin_dir
+
+
+def build_rpc_server(log=print) -> Path:
+    """Build llama.cpp's ``rpc-server`` (ggml only, RPC on; a few minutes on 2 cores)
+    from the llama.cpp llama-cpp-python vendors, so both speak the same protocol;
+    return the binary."""
+    build = reference_bin_dir().parent.parent / "build-rpc"
+    binary = build / "bin" / "rpc-server"
+    if binary.exists():
+        return binary
+    source = reference_source(log)
+    log("building rpc-server (cmake, -DGGML_RPC=ON)")
+    subprocess.run(["cmake", "-S", str(source), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
+                    "-DGGML_RPC=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+                    "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF"],
+                   check=True, capture_output=True)
+    subprocess.run(["cmake", "--build", str(build), "-j", str(os.cpu_count() or 2),
+                    "--target", "ggml-rpc-server"], check=True, capture_output=True)
+    built = next((build / "bin").glob("*rpc-server"))
+    if built != binary:
+        binary.symlink_to(built.name)  # llama.cpp's docs call it rpc-server
+    return binary
+
+
+def reference_source(log=print) -> Path:
+    """The llama.cpp sources vendored in this llama-cpp-python's sdist (downloaded once)."""
+    root = reference_bin_dir().parent.parent
     root.mkdir(parents=True, exist_ok=True)
     version = llama_cpp_python_version()
     source = root / "src"
@@ -52,14 +87,7 @@ def build_reference(log=print) -> Path:
                 tar.extractall(tmp, filter="data")
             vendored = next(Path(tmp).glob("*/vendor/llama.cpp"))
             vendored.rename(source)
-    log("building llama-bench, llama-speculative-simple, llama-lookup (cmake)")
-    build = root / "build"
-    subprocess.run(["cmake", "-S", str(source), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
-                    "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF"],
-                   check=True, capture_output=True)
-    subprocess.run(["cmake", "--build", str(build), "-j", str(os.cpu_count() or 2),
-                    "--target", *TOOLS], check=True, capture_output=True)
-    return bin_dir
+    return source
 
 
 def repack_flag() -> bool:

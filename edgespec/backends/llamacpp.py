@@ -139,20 +139,43 @@ def check_gguf_file(path: str | os.PathLike) -> Path:
     return path
 
 
-def _load_model(path: Path, *, n_gpu_layers: int = 0, vocab_only: bool = False):
-    """Load a GGUF file with llama.cpp (weights, or only its vocabulary)."""
+def _load_model(path: Path, *, n_gpu_layers: int = 0, vocab_only: bool = False,
+                rpc: Sequence[str] = ()):
+    """Load a GGUF file with llama.cpp (weights, or only its vocabulary); with
+    ``rpc``, offload its layers to those ``rpc-server`` endpoints (then this
+    machine's GPUs), as ``llama-cli --rpc`` does."""
     _Log.install()
     _Log.errors.clear()
     params = _llama.llama_model_default_params()
     params.n_gpu_layers = n_gpu_layers
     params.vocab_only = vocab_only
     params.use_extra_bufts = use_extra_buffer_types()
+    devices = None
+    if rpc:
+        from .rpc import device_array, local_gpu_devices, rpc_devices
+        devices = device_array(rpc_devices(rpc) + local_gpu_devices())
+        params.devices = ctypes.cast(devices, ctypes.c_void_p).value
     model = _llama.llama_model_load_from_file(str(path).encode(), params)
+    if model and rpc:
+        from .rpc import hold
+        hold(rpc)
     if not model:
+        if rpc:
+            raise EdgespecError(
+                f"llama.cpp could not load {path} onto the RPC servers {','.join(rpc)} "
+                f"({_Log.last_error()}): check that they have room for its layers (rpc-server -m) "
+                f"and are still running")
         raise EdgespecError(
             f"llama.cpp could not load {path} ({_Log.last_error()}): the file is truncated "
             f"or corrupt; download it again (`edgespec models fetch NAME`)")
     return model
+
+
+def _free_model(model, rpc: Sequence[str]) -> None:
+    _llama.llama_model_free(model)
+    if rpc:  # its connections to the servers close with it
+        from .rpc import release
+        release(rpc)
 
 
 class GGUFTokenizer:
@@ -288,13 +311,17 @@ class LlamaCppBackend(TokenizerMethods):
     def __init__(self, model_path: str | os.PathLike, *, n_ctx: int = 4096,
                  n_threads: int | None = None, n_gpu_layers: int = 0,
                  flash_attn: bool | None = None, n_batch: int = 512, kv_cache_type: str = "f16",
-                 name: str | None = None):
+                 name: str | None = None, rpc: Sequence[str] = ()):
         path = check_gguf_file(model_path)
         self.path = path
         self.name = name or path.stem
         self.n_threads = n_threads or physical_core_count()
+        self.rpc = tuple(rpc)  # rpc-server endpoints holding its layers
+        if self.rpc and n_gpu_layers == 0:
+            n_gpu_layers = -1  # all of them: --rpc means the layers go there (-ngl N: only N)
+        self.n_gpu_layers = n_gpu_layers
 
-        self._model = _load_model(path, n_gpu_layers=n_gpu_layers)
+        self._model = _load_model(path, n_gpu_layers=n_gpu_layers, rpc=self.rpc)
         self.tokenizer = GGUFTokenizer(self._model)
         self.vocab = self.tokenizer.vocab
 
@@ -314,7 +341,7 @@ class LlamaCppBackend(TokenizerMethods):
         self._ctx = _llama.llama_init_from_model(self._model, ctx_params)
         if not self._ctx:
             self.tokenizer.close()
-            _llama.llama_model_free(self._model)
+            _free_model(self._model, self.rpc)
             self._model = None  # (or __del__ would free it twice)
             raise EdgespecError(
                 f"llama.cpp could not create a context of {n_ctx} tokens for {path} "
@@ -401,7 +428,7 @@ class LlamaCppBackend(TokenizerMethods):
             _llama.llama_free(self._ctx)
             self._ctx = None
         if getattr(self, "_model", None):
-            _llama.llama_model_free(self._model)
+            _free_model(self._model, self.rpc)
             self._model = None
 
     def __del__(self):  # pragma: no cover - best effort at interpreter shutdown
