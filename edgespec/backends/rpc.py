@@ -11,8 +11,9 @@ model that asks for them (the target) uses them, so a draft model loaded in the
 same process stays on this machine.
 
 ggml aborts the whole process when a server cannot be reached or speaks
-another protocol version, so each endpoint is first greeted here, in Python
-(the same HELLO a client sends first), and a failure is a clear error instead.
+another protocol version, and waits forever for a busy one (a server serves one
+client at a time), so each endpoint is first greeted here, in Python (the same
+HELLO a client sends first), and each of those is a clear error instead.
 """
 
 from __future__ import annotations
