@@ -7,7 +7,6 @@ user runs when something does not work.
 
 from __future__ import annotations
 
-import ctypes
 import importlib.metadata
 import os
 import platform
@@ -39,7 +38,7 @@ def _llama_cpp_rows() -> list[tuple[str, str]]:
     rows.append(("  RPC (--rpc)", "supported: the target's layers can go to rpc-servers (see README: "
                  "Targets on other machines)" if llama_cpp.llama_supports_rpc()
                  else f"not in this build (for --rpc: {install_line()})"))
-    devices = _ggml_devices(llama_cpp)
+    devices = _ggml_devices()
     if devices:
         rows.append(("  devices", "; ".join(devices)))
     rows.append(("  default threads", f"{physical_core_count()} (physical cores)"))
@@ -52,20 +51,16 @@ def _llama_cpp_rows() -> list[tuple[str, str]]:
     return rows
 
 
-def _ggml_devices(llama_cpp) -> list[str]:
+def _ggml_devices() -> list[str]:
     """The ggml backend devices (CPU, CUDA0, Metal, ...), where the library exports them."""
     try:
-        lib = llama_cpp.llama_cpp._lib
-        lib.ggml_backend_dev_count.restype = ctypes.c_size_t
-        lib.ggml_backend_dev_get.restype = ctypes.c_void_p
-        lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
-        for fn in (lib.ggml_backend_dev_name, lib.ggml_backend_dev_description):
-            fn.restype, fn.argtypes = ctypes.c_char_p, [ctypes.c_void_p]
+        from .backends.rpc import ggml_functions
+        ggml = ggml_functions()
         devices = []
-        for i in range(lib.ggml_backend_dev_count()):
-            dev = lib.ggml_backend_dev_get(i)
-            name = lib.ggml_backend_dev_name(dev).decode(errors="replace")
-            description = lib.ggml_backend_dev_description(dev).decode(errors="replace")
+        for i in range(ggml.ggml_backend_dev_count()):
+            dev = ggml.ggml_backend_dev_get(i)
+            name = ggml.ggml_backend_dev_name(dev).decode(errors="replace")
+            description = ggml.ggml_backend_dev_description(dev).decode(errors="replace")
             devices.append(f"{name} ({description})" if description and description != name else name)
         return devices
     except Exception:  # an older library without the device API: the system info says enough

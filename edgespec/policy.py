@@ -132,10 +132,11 @@ class _Rates:
         positions tested teach the ones not tested yet).
         """
         result, prior = [], self.prior if prior is None else prior
+        if self.later_prior is not None:
+            later = sum(self.hits[1:]), sum(self.trials[1:])
         for i in range(k):
             if i >= 1 and self.later_prior is not None:
-                hits, trials = sum(self.hits[1:]), sum(self.trials[1:])
-                prior = self.later_prior
+                (hits, trials), prior = later, self.later_prior
             else:
                 trials = self.trials[i] if i < len(self.trials) else 0.0
                 hits = self.hits[i] if i < len(self.hits) else 0.0

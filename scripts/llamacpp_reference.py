@@ -38,37 +38,39 @@ def build_reference(log=print) -> Path:
     bin_dir = reference_bin_dir()
     if all((bin_dir / tool).exists() for tool in TOOLS):
         return bin_dir
-    source = reference_source(log)
     log("building llama-bench, llama-speculative-simple, llama-lookup (cmake)")
-    build = bin_dir.parent
-    subprocess.run(["cmake", "-S", str(source), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
-                    "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF"],
-                   check=True, capture_output=True)
-    subprocess.run(["cmake", "--build", str(build), "-j", str(os.cpu_count() or 2),
-                    "--target", *TOOLS], check=True, capture_output=True)
+    _cmake_build(reference_source(log), bin_dir.parent, TOOLS)
     return bin_dir
+
+
+def rpc_server_path() -> Path:
+    """Where :func:`build_rpc_server` puts ``rpc-server``."""
+    return reference_bin_dir().parent.parent / "build-rpc" / "bin" / "rpc-server"
 
 
 def build_rpc_server(log=print) -> Path:
     """Build llama.cpp's ``rpc-server`` (ggml only, RPC on; a few minutes on 2 cores)
     from the llama.cpp llama-cpp-python vendors, so both speak the same protocol;
     return the binary."""
-    build = reference_bin_dir().parent.parent / "build-rpc"
-    binary = build / "bin" / "rpc-server"
+    binary = rpc_server_path()
     if binary.exists():
         return binary
-    source = reference_source(log)
     log("building rpc-server (cmake, -DGGML_RPC=ON)")
-    subprocess.run(["cmake", "-S", str(source), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
-                    "-DGGML_RPC=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
-                    "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF"],
-                   check=True, capture_output=True)
-    subprocess.run(["cmake", "--build", str(build), "-j", str(os.cpu_count() or 2),
-                    "--target", "ggml-rpc-server"], check=True, capture_output=True)
-    built = next((build / "bin").glob("*rpc-server"))
+    _cmake_build(reference_source(log), binary.parent.parent, ["ggml-rpc-server"],
+                 "-DGGML_RPC=ON", "-DLLAMA_BUILD_EXAMPLES=OFF")
+    built = next(binary.parent.glob("*rpc-server"))
     if built != binary:
         binary.symlink_to(built.name)  # llama.cpp's docs call it rpc-server
     return binary
+
+
+def _cmake_build(source: Path, build: Path, targets, *flags: str) -> None:
+    """Configure a Release build of ``source`` in ``build`` and build ``targets``."""
+    subprocess.run(["cmake", "-S", str(source), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
+                    "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF", *flags],
+                   check=True, capture_output=True)
+    subprocess.run(["cmake", "--build", str(build), "-j", str(os.cpu_count() or 2),
+                    "--target", *targets], check=True, capture_output=True)
 
 
 def reference_source(log=print) -> Path:

@@ -27,8 +27,8 @@ needs_rpc = pytest.mark.skipif(not rpc_available(), reason=(
 
 
 def rpc_server_binary() -> Path:
-    from llamacpp_reference import reference_bin_dir
-    binary = reference_bin_dir().parent.parent / "build-rpc" / "bin" / "rpc-server"
+    from llamacpp_reference import rpc_server_path
+    binary = rpc_server_path()
     if not binary.exists():
         pytest.skip("rpc-server is not built: python scripts/rpc_servers.py --build")
     return binary

@@ -19,6 +19,7 @@ HELLO a client sends first), and each of those is a clear error instead.
 from __future__ import annotations
 
 import ctypes
+import functools
 import re
 import socket
 import struct
@@ -147,8 +148,14 @@ def _receive(sock: socket.socket, size: int) -> bytes:
     return data
 
 
+@functools.cache
+def ggml_functions() -> "_Ggml":
+    """ggml's backend-registry functions, bound once (RPC devices, ``edgespec info``)."""
+    return _Ggml()
+
+
 class _Ggml:
-    """The few ggml backend-registry functions this needs, through ctypes."""
+    """The few ggml backend-registry functions edgespec needs, through ctypes."""
 
     def __init__(self):
         from llama_cpp._ggml import libggml
@@ -160,7 +167,9 @@ class _Ggml:
                 ("ggml_backend_reg_dev_get", p, [p, s]),
                 ("ggml_backend_dev_count", s, []),
                 ("ggml_backend_dev_get", p, [s]),
-                ("ggml_backend_dev_type", ctypes.c_int, [p])):
+                ("ggml_backend_dev_type", ctypes.c_int, [p]),
+                ("ggml_backend_dev_name", c, [p]),
+                ("ggml_backend_dev_description", c, [p])):
             function = getattr(libggml, name)
             function.restype, function.argtypes = restype, argtypes
             setattr(self, name, function)
@@ -194,7 +203,7 @@ def rpc_devices(endpoints: Sequence[str]) -> list[int]:
     for endpoint in endpoints:
         if not _in_use[endpoint]:
             greet(endpoint)
-    ggml = _Ggml()
+    ggml = ggml_functions()
     registry = ggml.ggml_backend_reg_by_name(b"RPC")
     address = ggml.ggml_backend_reg_get_proc_address(registry, b"ggml_backend_rpc_add_server")
     if not registry or not address:
@@ -213,7 +222,7 @@ def rpc_devices(endpoints: Sequence[str]) -> list[int]:
 def local_gpu_devices() -> list[int]:
     """This machine's GPUs, which llama.cpp offloads to after the RPC servers: its
     discrete GPUs, or if it has none its integrated ones (llama.cpp's default)."""
-    ggml = _Ggml()
+    ggml = ggml_functions()
     devices = [ggml.ggml_backend_dev_get(i) for i in range(ggml.ggml_backend_dev_count())]
     kinds = [ggml.ggml_backend_dev_type(d) for d in devices]
     wanted = _GPU if _GPU in kinds else _IGPU
