@@ -43,7 +43,7 @@ from .backends.base import Backend
 WINDOW = 9                      # samples kept per kind: the median of the most recent
 TRUSTED_SAMPLES = 3             # in-run samples of a drafter's step that outweigh its prior ...
 COLD_START = 1.5                # ... when they exceed it by no more than this (a cold start)
-CALIBRATION_SIZES = (1, 2, 3, 5, 9)
+CALIBRATION_SIZES = (1, 2, 3, 4, 5, 8, 9)  # 4 and 8: see CostModel._estimate_v
 CALIBRATION_REPEATS = 5         # timed passes per size after one warm-up pass
 
 
@@ -153,16 +153,26 @@ class CostModel:
             ratio = self._between(n, points)
         else:
             ratio = float(n)  # nothing known: assume no batching gain at all
-        # A longer pass never costs less than a shorter one. Past the largest known size
-        # the estimate grows with n by construction, so the floor is the value there (a
-        # catch-up over a hundred tokens does not build a table of a hundred entries).
+        if n in points or n in self.prior_v:
+            # A size timed here or in the prior stands as timed (or scaled along the
+            # prior's shape), within v(n/2) <= v(n) <= n, even below a slightly shorter
+            # one: llama.cpp's repacked CPU kernels multiply rows in groups of 4, so a
+            # 4-token pass can cost less than a 3-token one, though never less than one
+            # of half as many tokens.
+            return _clamp(ratio, self.v(n // 2) if n >= 4 else 1.0, float(n))
+        # Otherwise a longer pass is taken to cost no less than a shorter one. Past the
+        # largest known size the estimate grows with n by construction, so the floor is
+        # the value there (a catch-up over a hundred tokens does not build a table of a
+        # hundred entries).
         floor = self.v(min(n - 1, max([*points, *self.prior_v]))) if n > 2 else 1.0
         return _clamp(ratio, floor, float(n))
 
     def _between(self, n: int, points: dict[int, float]) -> float:
-        """v(n) from known ``points``: linear between them; past the largest, on
-        the line through (1, 1) and it, or along the prior's shape where that
-        grows faster (on CPUs v(n) bends upwards)."""
+        """v(n) from known ``points``: between two, along the prior's shape where
+        the prior knows all three sizes (scaled to meet both points: it keeps the
+        saw-tooth of repacked kernels), else linearly; past the largest, on the
+        line through (1, 1) and it, or along the prior's shape where that grows
+        faster (on CPUs v(n) bends upwards)."""
         sizes = sorted(points)
         below = max(s for s in sizes if s <= n)
         above = [s for s in sizes if s >= n]
@@ -171,6 +181,10 @@ class CostModel:
             if hi == below:
                 return points[hi]
             weight = (n - below) / (hi - below)
+            prior = {1: 1.0, **self.prior_v}
+            if n in prior and below in prior and hi in prior:
+                scale_below, scale_hi = points[below] / prior[below], points[hi] / prior[hi]
+                return prior[n] * (scale_below + weight * (scale_hi - scale_below))
             return points[below] + weight * (points[hi] - points[below])
         top = sizes[-1]
         line = 1.0 + (points[top] - 1.0) / (top - 1) * (n - 1) if top > 1 else float(n)

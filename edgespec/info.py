@@ -30,7 +30,8 @@ def _llama_cpp() -> list[tuple[str, str]]:
 def _llama_cpp_rows() -> list[tuple[str, str]]:
     import llama_cpp
 
-    from .backends.llamacpp import physical_core_count, use_extra_buffer_types
+    from .backends.llamacpp import physical_core_count
+    from .backends.repack import describe as describe_repacking
     rows = [("llama.cpp", f"loads (llama-cpp-python {getattr(llama_cpp, '__version__', '?')})"),
             ("  GPU offload (-ngl)", "supported" if llama_cpp.llama_supports_gpu_offload()
              else "not in this build (CPU only; see README: installing with CUDA or Metal)")]
@@ -42,10 +43,7 @@ def _llama_cpp_rows() -> list[tuple[str, str]]:
     if devices:
         rows.append(("  devices", "; ".join(devices)))
     rows.append(("  default threads", f"{physical_core_count()} (physical cores)"))
-    repack = use_extra_buffer_types()
-    rows.append(("  weight repacking", "on" if repack else
-                 "off (Intel AMX: llama.cpp's AMX buffers crash on batched decode; "
-                 "EDGESPEC_LLAMA_REPACK=1 forces it on)"))
+    rows.append(("  weight repacking", describe_repacking()))
     info = llama_cpp.llama_print_system_info().decode(errors="replace").strip()
     rows.append(("  system info", info))
     return rows

@@ -94,7 +94,7 @@ def reference_source(log=print) -> Path:
 
 def repack_flag() -> bool:
     """Run the reference with the same weight repacking edgespec uses."""
-    from edgespec.backends.llamacpp import use_extra_buffer_types
+    from edgespec.backends.repack import use_extra_buffer_types
     return use_extra_buffer_types()
 
 

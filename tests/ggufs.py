@@ -13,6 +13,7 @@ from pathlib import Path
 
 import gguf
 import numpy as np
+from gguf.quants import quantize
 
 SPECIALS = ["<unk>", "<s>", "</s>"]
 
@@ -64,9 +65,11 @@ def perturbed(weights: dict[str, np.ndarray], *, scale: float, seed: int) -> dic
 def write_tiny_llama_gguf(path: str | Path, weights: dict[str, np.ndarray], *,
                           n_head: int = 4, n_head_kv: int = 2, context_length: int = 512,
                           byte_tokens: bool = False, words: list[str] | None = None,
-                          chat_template: str | None = None) -> Path:
+                          chat_template: str | None = None,
+                          quantized: dict[str, gguf.GGMLQuantizationType] | None = None) -> Path:
     """Write ``weights`` as an F32 llama GGUF with a small SPM vocabulary
-    (``words``: the normal tokens, instead of letters)."""
+    (``words``: the normal tokens, instead of letters); ``quantized`` names
+    tensors to store in a quantized type instead."""
     vocab_size, n_embd = weights["token_embd.weight"].shape
     n_layer = len({k.split(".")[1] for k in weights if k.startswith("blk.")})
     n_ff = weights["blk.0.ffn_up.weight"].shape[0]
@@ -101,7 +104,11 @@ def write_tiny_llama_gguf(path: str | Path, weights: dict[str, np.ndarray], *,
     if chat_template is not None:
         writer.add_chat_template(chat_template)
     for name, array in weights.items():
-        writer.add_tensor(name, array)
+        if quantized and name in quantized:
+            writer.add_tensor(name, quantize(array, quantized[name]),
+                              raw_dtype=quantized[name])
+        else:
+            writer.add_tensor(name, array)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -6,6 +6,7 @@ import pytest
 from edgespec import DraftModel, EdgespecError, Engine, PromptLookup, SamplingParams
 from edgespec.backends.llamacpp import LlamaCppBackend
 from edgespec.loading import auto_planner
+from edgespec.policy import PolicyConfig
 from edgespec.prompting import chat_prompt_ids
 from exactness import SIGNIFICANCE, chi_square_pvalue, exact_distribution, sample_continuations
 from greedy import assert_equal_up_to_a_near_tie
@@ -83,17 +84,25 @@ def test_greedy_speculative_equals_plain_on_smollm2(smollm2_path, smollm2_q2k_pa
     target = LlamaCppBackend(smollm2_path, n_ctx=1024)
     draft = PromptLookup() if drafter == "lookup" else \
         DraftModel(LlamaCppBackend(smollm2_q2k_path, n_ctx=1024), min_confidence=0.8)
-    # Auto mode as edgespec.load sets it up: from this machine's calibrated costs.
-    engine = Engine(target, draft, num_draft="auto", planner=auto_planner(target, draft)) \
+    # Auto mode as edgespec.load sets it up: from this machine's calibrated costs. How
+    # much it explores is pinned (more than by default): on a 135M model a pass of n tokens
+    # costs nearly n steps on a CPU, and one rejected probe of a coincidental short match
+    # can then keep the default planner from trying again for a whole short answer.
+    engine = Engine(target, draft, num_draft="auto",
+                    planner=auto_planner(target, draft, PolicyConfig(optimism=1.0))) \
         if drafter == "auto" else Engine(target, draft, num_draft=4)
-    # An answer that copies from the prompt, ~55 tokens long: prompt lookup (auto
-    # mode's too) pays here, and auto mode has the tokens to find that out.
+    # An answer that copies from the prompt, ~100 tokens long: prompt lookup (auto
+    # mode's too) pays here, and auto mode has the tokens to find that out even where
+    # its first probe, on a short match at the start of the answer, is rejected.
     prompt = chat_prompt_ids(target, [{"role": "user", "content":
                                        "Copy this Python code exactly:\n\n"
                                        "def area(width, height):\n    return width * height\n\n"
-                                       "def perimeter(width, height):\n    return 2 * (width + height)\n"}])
-    plain = engine.generate(prompt, GREEDY, max_tokens=64, speculative=False)
-    spec = engine.generate(prompt, GREEDY, max_tokens=64)
+                                       "def perimeter(width, height):\n    return 2 * (width + height)\n\n"
+                                       "def diagonal(width, height):\n"
+                                       "    return (width ** 2 + height ** 2) ** 0.5\n\n"
+                                       "def is_square(width, height):\n    return width == height\n"}])
+    plain = engine.generate(prompt, GREEDY, max_tokens=128, speculative=False)
+    spec = engine.generate(prompt, GREEDY, max_tokens=128)
     s = spec.stats
     assert sum(s.rounds_per_drafter.values()) == s.rounds
     assert s.accepted > 0 and s.rounds + s.plain_steps < s.generated_tokens

@@ -21,6 +21,7 @@ import numpy as np
 
 from ..errors import EdgespecError
 from .base import TokenizerMethods, VocabInfo, check_forward, closed_error
+from .repack import ALL, CPU_ONLY, cpu_repack_overrides, repack_mode
 
 try:
     import llama_cpp as _llama
@@ -98,27 +99,6 @@ def physical_core_count() -> int:
     return max(1, os.cpu_count() or 1)
 
 
-def use_extra_buffer_types() -> bool:
-    """Whether llama.cpp may repack weights into its extra CPU buffer types.
-
-    On CPUs with Intel AMX, llama.cpp's AMX buffer type crashes (segfault in
-    the first decode; llama.cpp issues #20824, PR #26954: worker threads lack
-    the AMX tile permission), so it is off there, like ``--no-repack`` /
-    ``llama-bench --repack 0``. ``EDGESPEC_LLAMA_REPACK=1`` or ``0`` overrides.
-    """
-    forced = os.environ.get("EDGESPEC_LLAMA_REPACK")
-    if forced in ("0", "1"):
-        return forced == "1"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return "amx_int8" not in line.split()
-    except OSError:
-        pass
-    return True
-
-
 def check_gguf_file(path: str | os.PathLike) -> Path:
     """Fail with a clear message unless ``path`` is an existing GGUF file."""
     path = Path(path).expanduser()
@@ -149,7 +129,13 @@ def _load_model(path: Path, *, n_gpu_layers: int = 0, vocab_only: bool = False,
     params = _llama.llama_model_default_params()
     params.n_gpu_layers = n_gpu_layers
     params.vocab_only = vocab_only
-    params.use_extra_bufts = use_extra_buffer_types()
+    mode = repack_mode()
+    params.use_extra_bufts = mode == ALL
+    overrides = None  # kept alive until the model is loaded
+    if mode == CPU_ONLY and not vocab_only and n_gpu_layers == 0 and not rpc:
+        overrides = cpu_repack_overrides(path)
+        if overrides is not None:
+            params.tensor_buft_overrides = ctypes.cast(overrides, ctypes.c_void_p).value
     devices = None
     if rpc:
         from .rpc import device_array, local_gpu_devices, rpc_devices
