@@ -170,9 +170,8 @@ class CostModel:
     def _between(self, n: int, points: dict[int, float]) -> float:
         """v(n) from known ``points``: between two, along the prior's shape where
         the prior knows all three sizes (scaled to meet both points: it keeps the
-        saw-tooth of repacked kernels), else linearly; past the largest, on the
-        line through (1, 1) and it, or along the prior's shape where that grows
-        faster (on CPUs v(n) bends upwards)."""
+        saw-tooth of repacked kernels), else linearly; past the largest, along the
+        prior's shape scaled to meet it, else on the line through (1, 1) and it."""
         sizes = sorted(points)
         below = max(s for s in sizes if s <= n)
         above = [s for s in sizes if s >= n]
@@ -187,11 +186,14 @@ class CostModel:
                 return prior[n] * (scale_below + weight * (scale_hi - scale_below))
             return points[below] + weight * (points[hi] - points[below])
         top = sizes[-1]
-        line = 1.0 + (points[top] - 1.0) / (top - 1) * (n - 1) if top > 1 else float(n)
         prior_n, prior_top = self.prior_v.get(n), self.prior_v.get(top)
         if prior_n and prior_top and prior_top > 1.0 and top > 1:
-            return max(line, 1.0 + (points[top] - 1.0) * (prior_n - 1.0) / (prior_top - 1.0))
-        return line
+            # The prior's shape at this run's level. Not the line through (1, 1) and the
+            # largest size timed: from one noisy short pass (v(2) = 1.8 where the prior
+            # has 1.54) that line made 5-token passes cost 4.2 steps instead of ~3, and
+            # auto mode stopped drafting for the rest of a generation.
+            return prior_n * points[top] / prior_top
+        return 1.0 + (points[top] - 1.0) / (top - 1) * (n - 1) if top > 1 else float(n)
 
     def c(self, name: str) -> float:
         """Time of one drafter step / time of one plain step."""

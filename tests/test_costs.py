@@ -70,6 +70,17 @@ def test_sizes_not_timed_in_this_run_follow_the_priors_shape():
     assert cost.v(4) == pytest.approx(1.5 * 1.1)
 
 
+def test_one_short_pass_timed_does_not_inflate_the_long_ones():
+    # A calibration, then this run's only batched pass so far: a 2-token one, on a busy
+    # moment (1.8 steps where the calibration has 1.54). Longer passes keep the calibration's
+    # shape at that level (5 tokens: 2.57 * 1.8 / 1.54 = 3.0), not the line through
+    # (1, 1) and (2, 1.8) (5 tokens: 4.2), which made auto mode stop drafting for good.
+    cost = CostModel({"v": {"2": 1.54, "3": 2.14, "4": 2.35, "5": 2.57, "8": 3.31, "9": 3.56}})
+    feed(cost, {1: 0.1, 2: 0.18})
+    assert cost.v(5) == pytest.approx(2.57 * 1.8 / 1.54)
+    assert cost.v(9) == pytest.approx(3.56 * 1.8 / 1.54)
+
+
 def test_one_run_of_evidence_replaces_the_prior():
     cost = CostModel({"v": {"2": 1.0, "3": 1.0, "5": 1.0, "9": 1.0}, "c": {"draft": 0.0}})
     assert cost.v(9) == 1.0 and cost.c("draft") == 0.0
