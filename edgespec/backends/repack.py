@@ -190,7 +190,7 @@ def cpu_repack_overrides(path: str | os.PathLike):
         return None
     try:
         names = repackable_tensors(path, avx2=repack.avx2, avx512=repack.avx512)
-    except Exception:  # a file gguf-py cannot read: llama.cpp's load says what is wrong
+    except Exception:  # a header this cannot read: llama.cpp's load says what is wrong
         return None
     if not names:
         return None
