@@ -70,8 +70,6 @@ class _CpuRepack:
 
         from .rpc import ggml_functions
         ggml = ggml_functions()
-        libggml.ggml_backend_buft_name.restype = ctypes.c_char_p
-        libggml.ggml_backend_buft_name.argtypes = [ctypes.c_void_p]
         cpu = ggml.ggml_backend_reg_by_name(b"CPU")
         address = ggml.ggml_backend_reg_get_proc_address(cpu, b"ggml_backend_dev_get_extra_bufts")
         if not cpu or not address:
@@ -82,7 +80,7 @@ class _CpuRepack:
         for i in range(16):
             if not extra[i]:
                 break
-            if libggml.ggml_backend_buft_name(extra[i]) == b"CPU_REPACK":
+            if ggml.ggml_backend_buft_name(extra[i]) == b"CPU_REPACK":
                 self.buffer_type = extra[i]
         if self.buffer_type is None:
             raise OSError("this llama.cpp has no CPU_REPACK buffer type")

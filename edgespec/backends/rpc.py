@@ -150,7 +150,7 @@ def _receive(sock: socket.socket, size: int) -> bytes:
 
 @functools.cache
 def ggml_functions() -> "_Ggml":
-    """ggml's backend-registry functions, bound once (RPC devices, ``edgespec info``)."""
+    """ggml's backend-registry functions, bound once (RPC, repacking, ``edgespec info``)."""
     return _Ggml()
 
 
@@ -169,7 +169,8 @@ class _Ggml:
                 ("ggml_backend_dev_get", p, [s]),
                 ("ggml_backend_dev_type", ctypes.c_int, [p]),
                 ("ggml_backend_dev_name", c, [p]),
-                ("ggml_backend_dev_description", c, [p])):
+                ("ggml_backend_dev_description", c, [p]),
+                ("ggml_backend_buft_name", c, [p])):
             function = getattr(libggml, name)
             function.restype, function.argtypes = restype, argtypes
             setattr(self, name, function)
