@@ -13,7 +13,7 @@ def print_report(result: dict, console: Console | None = None) -> None:
                         f"max {result['config']['max_tokens']} tokens, "
                         f"{result['config']['prompts_per_set']} prompts per set")
     for column in ("set", "T", "drafter", "k", "acceptance", "mean acc. len", "per position",
-                   "tok/s", "× plain (median)", "× plain (min–max)", "drafter MB"):
+                   "tok/s", "× plain (geo. mean)", "(median)", "(min–max)", "drafter MB"):
         table.add_column(column, justify="right")
     rows = sorted(result["summary"], key=lambda r: (r["prompt_set"], r["temperature"],
                                                    ("plain", "fixed", "auto").index(r["mode"]),
@@ -32,7 +32,7 @@ def print_report(result: dict, console: Console | None = None) -> None:
             "" if plain else f"{r['acceptance_rate']:.1%}",
             "" if plain else f"{r['mean_accepted_length']:.2f}",
             "" if plain else " ".join(f"{a:.2f}" for a in r["acceptance_per_position"][:8]),
-            f"{r['tokens_per_second']:.2f}", f"{r['speedup_median']:.2f}",
+            f"{r['tokens_per_second']:.2f}", f"{r['speedup_geomean']:.2f}", f"{r['speedup_median']:.2f}",
             f"{r['speedup_min']:.2f}–{r['speedup_max']:.2f}",
             f"{r['drafter_memory_bytes'] / 1e6:.0f}" if r["drafter_memory_bytes"] else "")
     console.print(table)

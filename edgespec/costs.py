@@ -218,9 +218,22 @@ class CostModel:
         return self.c(name) * self.v(tokens) if tokens > 0 else 0.0
 
     def as_prior(self, sizes: Sequence[int] = CALIBRATION_SIZES) -> dict:
-        """The current estimates as ratios: what the calibration file keeps."""
+        """What the calibration file keeps: this run's estimate of every pass size it
+        measured, and the prior's value of the ``sizes`` it did not (sizes known to
+        neither are left out: the next run interpolates them itself), as ratios.
+
+        Never an estimate derived for a size this run did not time: one slow
+        5-token pass scales the prior's v(8) and v(9) up for this run's decisions,
+        and written back, the next run would scale the scaled value again. Saved
+        run after run, v(9) walked from 3.3 (as timed) to 4.4-5.5 in ten runs of one
+        prompt, and long drafts looked dear for good, since nothing re-times a pass
+        size auto mode stopped using.
+        """
+        measured = set(self.measured_sizes())
         names = set(self._step) | set(self.prior_c)
-        return {"v": {str(n): self.v(n) for n in sorted(set(sizes) | set(self.measured_sizes()))},
+        v = {n: self.v(n) if n in measured else self.prior_v.get(n)
+             for n in sorted((set(sizes) - {1}) | measured)}
+        return {"v": {str(n): ratio for n, ratio in v.items() if ratio is not None},
                 "c": {name: self.c(name) for name in names},
                 "step_seconds": self.step_seconds}
 

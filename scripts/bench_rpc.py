@@ -59,7 +59,7 @@ def main() -> int:
 
 
 def print_table(results: dict[float, dict]) -> None:
-    print("\nspeedup over plain decoding, target on 2 rpc-servers (median over prompts, min–max)")
+    print("\nspeedup over plain decoding, target on 2 rpc-servers (geometric mean over prompts, min–max)")
     print(f"{'RTT ms':>6}  {'set':<10} {'T':>3}  {'mode':<34} {'speedup':>7}  {'min–max':<11}  plain tok/s")
     for delay, result in results.items():
         plain = {(s["prompt_set"], s["temperature"]): s["tokens_per_second"]
@@ -70,7 +70,7 @@ def print_table(results: dict[float, dict]) -> None:
             mode = f"{s['drafter']}" + (f" k={s['num_draft']}" if s["mode"] == "fixed" else "")
             key = (s["prompt_set"], s["temperature"])
             print(f"{delay:>6g}  {s['prompt_set']:<10} {s['temperature']:>3g}  {mode[:34]:<34} "
-                  f"{s['speedup_median']:>7.3f}  {s['speedup_min']:.2f}–{s['speedup_max']:.2f}    "
+                  f"{s['speedup_geomean']:>7.3f}  {s['speedup_min']:.2f}–{s['speedup_max']:.2f}    "
                   f"{plain.get(key, float('nan')):.2f}")
     v = {d: r["costs"] for d, r in results.items()}
     for delay, costs in v.items():

@@ -5,7 +5,9 @@ processes that share one ``$EDGESPEC_HOME`` (so each run starts from the costs
 the runs before it cached), for a code-editing and a chat prompt, with plain
 decoding (``--no-spec``) of the same prompt before and after every auto run as
 the yardstick. Prints tok/s per run, run N against run 1, and each run against
-the plain runs around it.
+the plain runs around it; and, for scale, how far each plain run strays from the
+plain runs around it (identical work: this machine's noise), and which auto runs
+made the same decisions as run 1 (rounds, plain steps, drafted, accepted).
 
     python scripts/stability.py --runs 10 --json bench-out/stability.json
 """
@@ -33,6 +35,11 @@ def generate(prompt: str, home: Path, args, *extra: str) -> dict:
     if out.returncode != 0:
         raise SystemExit(f"edgespec generate failed:\n{out.stderr}")
     return json.loads(out.stdout)["stats"]
+
+
+def _work(stats: dict) -> tuple:
+    """What a run did, as opposed to how fast the machine was while it did it."""
+    return stats["rounds"], stats["plain_steps"], stats["drafted"], stats["accepted"]
 
 
 def main() -> None:
@@ -68,11 +75,22 @@ def main() -> None:
                       f"({stats['rounds_per_drafter']})", flush=True)
             speeds = [s["tokens_per_second"] for s in auto]
             vs_plain = [speed / ((plain[i] + plain[i + 1]) / 2) for i, speed in enumerate(speeds)]
+            # What identical work measures on this machine: each inner plain run against the
+            # plain runs either side of it. Auto runs spread no wider than this are stable.
+            noise = [plain[i] / ((plain[i - 1] + plain[i + 1]) / 2) for i in range(1, len(plain) - 1)]
+            same_work = [_work(s) == _work(auto[0]) for s in auto]
+            spread = f"{min(noise):.3f}-{max(noise):.3f}" if noise else "(one auto run: none)"
             results[spec] = {"plain_tokens_per_second": plain, "auto": auto,
-                             "last_vs_first": speeds[-1] / speeds[0], "vs_plain": vs_plain}
-            print(f"{spec}: run {args.runs} / run 1 = {speeds[-1] / speeds[0]:.3f}; auto / the plain "
-                  f"runs around it: min {min(vs_plain):.3f}, median {statistics.median(vs_plain):.3f}, "
-                  f"max {max(vs_plain):.3f}; plain runs {min(plain):.2f}-{max(plain):.2f} tok/s",
+                             "last_vs_first": speeds[-1] / speeds[0], "vs_plain": vs_plain,
+                             "last_vs_first_vs_plain": vs_plain[-1] / vs_plain[0],
+                             "plain_vs_neighbours": noise, "same_work_as_run_1": same_work}
+            print(f"{spec}: run {args.runs} / run 1 = {speeds[-1] / speeds[0]:.3f} in tok/s, "
+                  f"{vs_plain[-1] / vs_plain[0]:.3f} against the plain runs around each; "
+                  f"auto / the plain runs around it: min {min(vs_plain):.3f}, median "
+                  f"{statistics.median(vs_plain):.3f}, max {max(vs_plain):.3f}; plain runs "
+                  f"{min(plain):.2f}-{max(plain):.2f} tok/s, each against its neighbours "
+                  f"{spread}; runs that did run 1's work "
+                  f"(rounds, plain steps, drafted, accepted): {sum(same_work)} of {len(auto)}",
                   flush=True)
             cost_files = sorted((home / "calibration").glob("*.json"))
             results[spec]["cached_costs"] = [json.loads(p.read_text()) for p in cost_files]

@@ -1,6 +1,8 @@
 """`edgespec quantize` and `edgespec bench` on tiny GGUF models written by the tests."""
 
 import json
+import math
+import statistics
 import subprocess
 import sys
 from dataclasses import asdict
@@ -141,7 +143,7 @@ def test_sweep_on_tiny_models_and_its_json_schema(text_models, tmp_path):
     assert data["costs"]["v"]["1"] == pytest.approx(1.0) and set(data["costs"]["c"]) == {model}
     row_keys = {"mode", "drafter", "num_draft", "temperature", "prompt_set", "runs", "acceptance_rate",
                 "mean_accepted_length", "acceptance_per_position", "tokens_per_second",
-                "speedup_median", "speedup_min", "speedup_max", "drafter_memory_bytes"}
+                "speedup_geomean", "speedup_median", "speedup_min", "speedup_max", "drafter_memory_bytes"}
     assert all(set(row) == row_keys for row in data["summary"])
     # 2 sets x 2 temperatures x (plain + 4 fixed + 1 auto) rows, each over the set's 2 prompts.
     assert len(data["summary"]) == 4 * 6
@@ -159,6 +161,11 @@ def test_sweep_on_tiny_models_and_its_json_schema(text_models, tmp_path):
                                                                   row["num_draft"], set_name, temperature)]
                 assert row["speedup_min"] == min(r["speedup"] for r in mine)
                 assert row["speedup_max"] == max(r["speedup"] for r in mine)
+                speedups = sorted(r["speedup"] for r in mine)
+                assert row["speedup_median"] == pytest.approx(statistics.median(speedups))
+                assert row["speedup_geomean"] == pytest.approx(
+                    math.exp(statistics.fmean(math.log(x) for x in speedups)))
+                assert speedups[0] <= row["speedup_geomean"] <= speedups[-1]
                 if row["mode"] == "plain":
                     assert row["speedup_min"] <= 1.0 <= row["speedup_max"]
                     assert row["acceptance_rate"] == 0.0 and row["mean_accepted_length"] == 1.0
@@ -187,10 +194,10 @@ def test_sweep_on_tiny_models_and_its_json_schema(text_models, tmp_path):
 
 
 def test_recommendation_picks_the_best_geometric_mean():
-    rows = [{"mode": "fixed", "drafter": "a", "num_draft": 2, "speedup_median": s} for s in (1.6, 0.7)] + \
-           [{"mode": "fixed", "drafter": "b", "num_draft": 4, "speedup_median": s} for s in (1.2, 1.1)]
+    rows = [{"mode": "fixed", "drafter": "a", "num_draft": 2, "speedup_geomean": s} for s in (1.6, 0.7)] + \
+           [{"mode": "fixed", "drafter": "b", "num_draft": 4, "speedup_geomean": s} for s in (1.2, 1.1)]
     assert recommend(rows)["drafter"] == "b"
-    assert recommend([{"mode": "fixed", "drafter": "a", "num_draft": 2, "speedup_median": 0.8}])["mode"] == "plain"
+    assert recommend([{"mode": "fixed", "drafter": "a", "num_draft": 2, "speedup_geomean": 0.8}])["mode"] == "plain"
 
 
 @pytest.mark.parametrize("args, message", [

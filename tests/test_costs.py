@@ -81,6 +81,25 @@ def test_one_short_pass_timed_does_not_inflate_the_long_ones():
     assert cost.v(9) == pytest.approx(3.56 * 1.8 / 1.54)
 
 
+def test_what_a_run_saves_is_what_it_timed_not_what_it_derived():
+    # Each auto run saves its costs as the next run's prior. A run that timed only up to
+    # 5-token passes, on a slow moment (3.0 where the prior has 2.5), scales the prior's
+    # v(9) up for its own decisions; written back and scaled again run after run, v(9)
+    # would walk off (ten runs of one prompt took it from 3.3 to 4.4-5.5).
+    prior = {"v": {"2": 1.5, "3": 2.0, "5": 2.5, "9": 3.5}, "c": {"draft": 0.4}}
+    for run in range(10):
+        cost = CostModel(prior)
+        feed(cost, {1: 0.1, 2: 0.15, 5: 0.3})
+        # This run's decisions: v(9) along the prior's shape, at the level timed at 5 tokens.
+        assert cost.v(9) == pytest.approx(3.5 * 3.0 / float(prior["v"]["5"]))
+        prior = cost.as_prior()
+        assert prior["v"]["9"] == 3.5 and prior["v"]["3"] == 2.0  # kept, not re-derived
+        assert prior["v"]["5"] == pytest.approx(3.0) and prior["v"]["2"] == pytest.approx(1.5)
+        assert prior["c"] == {"draft": 0.4} and prior["step_seconds"] == pytest.approx(0.1)
+    # Sizes neither timed nor in the prior are not written: the next run interpolates them.
+    assert set(CostModel({"v": {"2": 1.5}}).as_prior()["v"]) == {"2"}
+
+
 def test_one_run_of_evidence_replaces_the_prior():
     cost = CostModel({"v": {"2": 1.0, "3": 1.0, "5": 1.0, "9": 1.0}, "c": {"draft": 0.0}})
     assert cost.v(9) == 1.0 and cost.c("draft") == 0.0
