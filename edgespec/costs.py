@@ -19,7 +19,9 @@ is physically plausible (1 <= v(n) <= n, 0 <= c <= 1). A *prior*
 (the cached calibration of this model pair, or a bench profile) only stands in
 until this run has measured the same thing: one in-run sample replaces it, except
 that a drafter's step up to 1.5 times dearer than its prior needs three to
-outweigh it (so that one cold first step cannot lock a drafter out).
+outweigh it (so that one cold first step cannot lock a drafter out). What a
+run saves for the next is surer than that: the prior counts as a few samples
+beside this run's, and a size this run did not time keeps the prior's value.
 
 The module also owns the cache files: the calibration of each model pair on
 this machine, and the pairing ``edgespec bench --save-profile`` recommends.
@@ -45,6 +47,7 @@ TRUSTED_SAMPLES = 3             # in-run samples of a drafter's step that outwei
 COLD_START = 1.5                # ... when they exceed it by no more than this (a cold start)
 CALIBRATION_SIZES = (1, 2, 3, 4, 5, 8, 9)  # 4 and 8: see CostModel._estimate_v
 CALIBRATION_REPEATS = 5         # timed passes per size after one warm-up pass
+PRIOR_WEIGHT = 3                # samples a prior counts as when a run saves what it timed
 
 
 class _Samples:
@@ -218,24 +221,41 @@ class CostModel:
         return self.c(name) * self.v(tokens) if tokens > 0 else 0.0
 
     def as_prior(self, sizes: Sequence[int] = CALIBRATION_SIZES) -> dict:
-        """What the calibration file keeps: this run's estimate of every pass size it
-        measured, and the prior's value of the ``sizes`` it did not (sizes known to
-        neither are left out: the next run interpolates them itself), as ratios.
+        """What the calibration file keeps, as ratios: for every pass size this run
+        timed (and every drafter it timed), the median of its samples and the prior's
+        value counted as PRIOR_WEIGHT samples; the prior's value for the sizes it did
+        not time (of ``sizes``, those known to neither are left out: the next run
+        interpolates them itself).
 
-        Never an estimate derived for a size this run did not time: one slow
-        5-token pass scales the prior's v(8) and v(9) up for this run's decisions,
-        and written back, the next run would scale the scaled value again. Saved
-        run after run, v(9) walked from 3.3 (as timed) to 4.4-5.5 in ten runs of one
-        prompt, and long drafts looked dear for good, since nothing re-times a pass
-        size auto mode stopped using.
+        In a run, one sample replaces the prior; what outlives the run must be surer.
+        Saved as they were, one or two passes timed on a busy moment (a 4-token pass
+        at 2.8 steps, where calibration has 1.6) became the next run's belief, and a
+        size that looks dear is not timed again: after ten generate runs of one edit
+        prompt sharing a cache, one run drafted a token at a time. And never an
+        estimate derived for a size this run did not time: one slow 5-token pass
+        scales the prior's v(9) up for this run's decisions; written back and scaled
+        again run after run, v(9) walked from 3.3 to 4.4-5.5 in ten runs.
         """
-        measured = set(self.measured_sizes())
-        names = set(self._step) | set(self.prior_c)
-        v = {n: self.v(n) if n in measured else self.prior_v.get(n)
-             for n in sorted((set(sizes) - {1}) | measured)}
-        return {"v": {str(n): ratio for n, ratio in v.items() if ratio is not None},
-                "c": {name: self.c(name) for name in names},
-                "step_seconds": self.step_seconds}
+        step = self.step_seconds
+        v = {n: self.prior_v.get(n) for n in (set(sizes) | set(self.prior_v)) - {1}}
+        v[1] = 1.0
+        for n in self.measured_sizes():
+            if n > 1 and step:
+                ratios = [seconds / step for seconds in self._target[n].values]
+                v[n] = _clamp(_with_prior(ratios, self.prior_v.get(n)), 1.0, float(n))
+        c = dict(self.prior_c)
+        for name, samples in self._step.items():
+            if samples.values and step:
+                ratios = [seconds / step for seconds in samples.values]
+                c[name] = _clamp(_with_prior(ratios, self.prior_c.get(name)), 0.0, 1.0)
+        return {"v": {str(n): v[n] for n in sorted(v) if v[n] is not None},
+                "c": c,
+                "step_seconds": step}
+
+
+def _with_prior(samples: list[float], prior: float | None) -> float:
+    """The median of ``samples`` and ``prior`` counted as PRIOR_WEIGHT samples."""
+    return statistics.median(samples + ([prior] * PRIOR_WEIGHT if prior is not None else []))
 
 
 def _clamp(value: float, low: float, high: float) -> float:

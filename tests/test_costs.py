@@ -97,7 +97,28 @@ def test_what_a_run_saves_is_what_it_timed_not_what_it_derived():
         assert prior["v"]["5"] == pytest.approx(3.0) and prior["v"]["2"] == pytest.approx(1.5)
         assert prior["c"] == {"draft": 0.4} and prior["step_seconds"] == pytest.approx(0.1)
     # Sizes neither timed nor in the prior are not written: the next run interpolates them.
-    assert set(CostModel({"v": {"2": 1.5}}).as_prior()["v"]) == {"2"}
+    assert set(CostModel({"v": {"2": 1.5, "6": 2.4}}).as_prior()["v"]) == {"1", "2", "6"}
+
+
+def test_a_few_busy_samples_do_not_become_the_next_runs_prior_but_a_run_of_them_does():
+    prior = {"v": {"2": 1.5, "4": 1.6, "9": 3.3}, "c": {"draft": 0.45}}
+    cost = CostModel(prior)
+    feed(cost, {1: 0.1})
+    cost.observe_target(4, 0.28)        # one 4-token pass on a busy moment
+    cost.observe_draft("draft", 1, 0.085)  # and one slow draft step
+    assert cost.v(4) == pytest.approx(2.8)  # in this run, one sample replaces the prior ...
+    saved = cost.as_prior()
+    assert saved["v"]["4"] == pytest.approx(1.6)  # ... but the next run starts from the prior
+    assert saved["c"]["draft"] == pytest.approx(0.45)
+    # A run that times a size again and again outweighs the prior: a stale or poisoned
+    # entry is corrected by the first run that measures it.
+    cost = CostModel({"v": {"2": 6.0, "4": 1.6}, "c": {"draft": 6.0}})
+    feed(cost, {1: 0.1, 2: 0.15, 4: 0.2})
+    for _ in range(5):
+        cost.observe_draft("draft", 1, 0.045)
+    saved = cost.as_prior()
+    assert saved["v"]["2"] == pytest.approx(1.5) and saved["v"]["4"] == pytest.approx(2.0)
+    assert saved["c"]["draft"] == pytest.approx(0.45)
 
 
 def test_one_run_of_evidence_replaces_the_prior():
