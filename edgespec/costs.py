@@ -239,23 +239,25 @@ class CostModel:
         step = self.step_seconds
         v = {n: self.prior_v.get(n) for n in (set(sizes) | set(self.prior_v)) - {1}}
         v[1] = 1.0
-        for n in self.measured_sizes():
-            if n > 1 and step:
-                ratios = [seconds / step for seconds in self._target[n].values]
-                v[n] = _clamp(_with_prior(ratios, self.prior_v.get(n)), 1.0, float(n))
         c = dict(self.prior_c)
-        for name, samples in self._step.items():
-            if samples.values and step:
-                ratios = [seconds / step for seconds in samples.values]
-                c[name] = _clamp(_with_prior(ratios, self.prior_c.get(name)), 0.0, 1.0)
+        if step:  # ratios need this run's plain step
+            for n in self.measured_sizes():
+                if n > 1:
+                    v[n] = _saved(self._target[n], step, self.prior_v.get(n), 1.0, float(n))
+            for name, samples in self._step.items():
+                if samples.values:
+                    c[name] = _saved(samples, step, self.prior_c.get(name), 0.0, 1.0)
         return {"v": {str(n): v[n] for n in sorted(v) if v[n] is not None},
                 "c": c,
                 "step_seconds": step}
 
 
-def _with_prior(samples: list[float], prior: float | None) -> float:
-    """The median of ``samples`` and ``prior`` counted as PRIOR_WEIGHT samples."""
-    return statistics.median(samples + ([prior] * PRIOR_WEIGHT if prior is not None else []))
+def _saved(samples: _Samples, step: float, prior: float | None, low: float, high: float) -> float:
+    """What a run keeps of one cost: the median of its samples, as ratios to the plain
+    ``step``, and ``prior`` counted as PRIOR_WEIGHT samples, within [low, high]."""
+    ratios = [seconds / step for seconds in samples.values]
+    return _clamp(statistics.median(ratios + ([prior] * PRIOR_WEIGHT if prior is not None else [])),
+                  low, high)
 
 
 def _clamp(value: float, low: float, high: float) -> float:
