@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from .errors import EdgespecError
@@ -375,6 +377,11 @@ def cmd_info(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; user errors print one line and exit non-zero."""
     args = make_parser().parse_args(argv)
+    if threading.current_thread() is threading.main_thread():
+        # Ctrl-C stops a reply, a run or the server, even where we were started with
+        # SIGINT ignored (as a shell starts a background job), where Python would not
+        # turn it into KeyboardInterrupt and Ctrl-C in a chat or `kill -INT` did nothing.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return args.func(args)
     except EdgespecError as exc:

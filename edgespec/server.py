@@ -18,6 +18,7 @@ import contextlib
 import hmac
 import json
 import queue
+import signal
 import socket
 import sys
 import threading
@@ -352,6 +353,10 @@ def serve(engine: Engine, settings: ServerSettings, *, host: str, port: int) -> 
                             f"choose another --port") from None
     bound = sock.getsockname()[1]
     app = create_app(engine, settings, worker_thread=False)
+    # SIGTERM (a service manager, a desktop app ending its child) stops the server as
+    # Ctrl-C does, so the models are freed and the socket closed, not just killed.
+    in_main = threading.current_thread() is threading.main_thread()  # (signals go there only)
+    previous = signal.signal(signal.SIGTERM, _interrupt) if in_main else None
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
     http = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="edgespec-http")
     http.start()
@@ -363,6 +368,12 @@ def serve(engine: Engine, settings: ServerSettings, *, host: str, port: int) -> 
         server.should_exit = True
         http.join()
         sock.close()
+        if in_main:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def bind(host: str, port: int) -> socket.socket:

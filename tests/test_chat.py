@@ -2,6 +2,7 @@
 
 import json
 import re
+import signal
 import sys
 import threading
 
@@ -18,7 +19,9 @@ def test_chat_in_a_terminal(smollm2_path, tmp_path):
     env = {**__import__("os").environ, "NO_COLOR": "1"}
     child = pexpect.spawn(sys.executable, ["-m", "edgespec", "chat", "-m", str(smollm2_path),
                                            "-d", "lookup", "--temp", "0", "-n", "64"],
-                          env=env, encoding="utf-8", timeout=180, dimensions=(40, 200))
+                          env=env, encoding="utf-8", timeout=180, dimensions=(40, 200),
+                          # started as a shell starts a background job: Ctrl-C must still work
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     child.expect("edgespec chat")
     child.expect_exact("> ")
 
