@@ -17,9 +17,12 @@ a ratio to the median plain step of the same window, so that a machine that
 gets busier or faster changes both sides alike. Estimates are clamped to what
 is physically plausible (1 <= v(n) <= n, 0 <= c <= 1). A *prior*
 (the cached calibration of this model pair, or a bench profile) only stands in
-until this run has measured the same thing: one in-run sample replaces it, except
-that a drafter's step up to 1.5 times dearer than its prior needs three to
-outweigh it (so that one cold first step cannot lock a drafter out). What a
+until this run has measured the same thing. A pass size timed fewer than three
+times takes the prior's value at this run's level (what all its timed passes
+say of the prior as a whole), so that one busy pass does not make one size look
+dear for a whole run; a drafter's step up to 1.5 times dearer than its prior
+needs three samples to outweigh it (so that one cold first step cannot lock a
+drafter out). What a
 run saves for the next is surer than that: the prior counts as a few samples
 beside this run's, and a size this run did not time keeps the prior's value.
 
@@ -43,8 +46,8 @@ from typing import Callable, Sequence
 from .backends.base import Backend
 
 WINDOW = 9                      # samples kept per kind: the median of the most recent
-TRUSTED_SAMPLES = 3             # in-run samples of a drafter's step that outweigh its prior ...
-COLD_START = 1.5                # ... when they exceed it by no more than this (a cold start)
+TRUSTED_SAMPLES = 3             # in-run samples of a pass size or a drafter's step that outweigh its prior
+COLD_START = 1.5                # (a step: when dearer than the prior by no more than this, a cold start)
 CALIBRATION_SIZES = (1, 2, 3, 4, 5, 8, 9)  # 4 and 8: see CostModel._estimate_v
 CALIBRATION_REPEATS = 5         # timed passes per size after one warm-up pass
 PRIOR_WEIGHT = 3                # samples a prior counts as when a run saves what it timed
@@ -63,19 +66,22 @@ class _Samples:
             self.last_tick = tick
 
     def estimate(self) -> float | None:
-        """The median; of one or two samples the smaller, since a pass is never
-        faster than the machine but often slower (a warm-up, a busy moment)."""
-        if not self.values:
-            return None
-        return min(self.values) if len(self.values) <= 2 else statistics.median(self.values)
+        """The typical sample (see :func:`_typical`); None before the first."""
+        return _typical(self.values) if self.values else None
+
+
+def _typical(values) -> float:
+    """The median; of one or two values the smaller, since a pass is never faster
+    than the machine but often slower (a warm-up, a busy moment)."""
+    return min(values) if len(values) <= 2 else statistics.median(values)
 
 
 class CostModel:
     """Costs of target passes and drafter steps, in plain steps (see module doc).
 
     ``prior`` holds ratios (``{"v": {n: v(n)}, "c": {name: c}}``),
-    e.g. :func:`load_calibration`'s; it is used only until this run measures
-    the same quantity.
+    e.g. :func:`load_calibration`'s; it stands in until this run has measured
+    the same quantity (a few times: see the module doc).
     """
 
     def __init__(self, prior: dict | None = None):
@@ -145,9 +151,7 @@ class CostModel:
 
     def _estimate_v(self, n: int) -> float:
         if self._measured_v is None:  # this run's ratios, once per new sample (not per n)
-            step = self.step_seconds
-            self._measured_v = {m: self._target[m].estimate() / step for m in self.measured_sizes()
-                                if m > 1} if step else {}
+            self._measured_v = self._timed_v()
         measured = self._measured_v
         points = {1: 1.0, **(measured or self.prior_v)}
         if n in measured:
@@ -169,6 +173,24 @@ class CostModel:
         # hundred entries).
         floor = self.v(min(n - 1, max([*points, *self.prior_v]))) if n > 2 else 1.0
         return _clamp(ratio, floor, float(n))
+
+    def _timed_v(self) -> dict[int, float]:
+        """v(m) at the sizes this run timed: a size's own median once it was timed
+        TRUSTED_SAMPLES times (or where the prior lacks it); before that, the prior's
+        value at this run's level, the typical ratio of all the verify passes it timed
+        to the prior's value for their sizes. One pass on a busy moment then moves
+        every size a little instead of its own a lot: a 3-token pass timed once at
+        2.8 steps (the prior: 1.9) had made 3- and 4-token drafts look dear for the
+        rest of a generation, which then took 74 plain steps where 46 were usual."""
+        step = self.step_seconds
+        if not step:
+            return {}
+        timed = {m: self._target[m].values for m in self.measured_sizes() if m > 1}
+        to_prior = [seconds / step / self.prior_v[m]
+                    for m, values in timed.items() if m in self.prior_v for seconds in values]
+        level = _typical(to_prior) if to_prior else None
+        return {m: self.prior_v[m] * level if m in self.prior_v and len(values) < TRUSTED_SAMPLES
+                else _typical(values) / step for m, values in timed.items()}
 
     def _between(self, n: int, points: dict[int, float]) -> float:
         """v(n) from known ``points``: between two, along the prior's shape where

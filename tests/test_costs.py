@@ -121,6 +121,22 @@ def test_a_few_busy_samples_do_not_become_the_next_runs_prior_but_a_run_of_them_
     assert saved["c"]["draft"] == pytest.approx(0.45)
 
 
+def test_one_busy_pass_does_not_make_its_size_dear_where_the_others_say_the_prior_holds():
+    prior = {"v": {"2": 1.5, "3": 1.9, "4": 1.7, "9": 3.4}}
+    cost = CostModel(prior)
+    feed(cost, {1: 0.1, 2: 0.15})      # 2-token passes: as the prior says
+    cost.observe_target(3, 0.28)       # one 3-token pass on a busy moment
+    assert cost.v(3) == pytest.approx(1.9) and cost.v(4) == pytest.approx(1.7)
+    # Until a size is timed TRUSTED_SAMPLES times it follows the level of all timed passes.
+    cost = CostModel(prior)
+    feed(cost, {1: 0.1, 2: 0.18})      # this run is 20% dearer than the prior ...
+    cost.observe_target(3, 0.30)
+    assert cost.v(3) == pytest.approx(1.9 * 1.2)  # ... and so is one size timed once
+    for _ in range(TRUSTED_SAMPLES - 1):
+        cost.observe_target(3, 0.30)
+    assert cost.v(3) == pytest.approx(3.0)  # timed again and again: its own median
+
+
 def test_one_run_of_evidence_replaces_the_prior():
     cost = CostModel({"v": {"2": 1.0, "3": 1.0, "5": 1.0, "9": 1.0}, "c": {"draft": 0.0}})
     assert cost.v(9) == 1.0 and cost.c("draft") == 0.0
