@@ -356,7 +356,7 @@ def serve(engine: Engine, settings: ServerSettings, *, host: str, port: int) -> 
     # SIGTERM (a service manager, a desktop app ending its child) stops the server as
     # Ctrl-C does, so the models are freed and the socket closed, not just killed.
     in_main = threading.current_thread() is threading.main_thread()  # (signals go there only)
-    previous = signal.signal(signal.SIGTERM, _interrupt) if in_main else None
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler) if in_main else None
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
     http = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="edgespec-http")
     http.start()
@@ -370,10 +370,6 @@ def serve(engine: Engine, settings: ServerSettings, *, host: str, port: int) -> 
         sock.close()
         if in_main:
             signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
-
-
-def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
 
 
 def bind(host: str, port: int) -> socket.socket:
