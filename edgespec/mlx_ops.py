@@ -13,7 +13,9 @@ draft position at once: position i is accepted when ``u_i · q_i(x_i) <
 p_i(x_i)``, a replacement is drawn from every row's residual ``max(p_i - q_i,
 0)`` (from ``p_k`` after the last), and the host keeps the accepted prefix and
 the replacement at the first rejection. Draws beyond it are independent and
-unused, so the verdict is distributed exactly as the sequential rule's.
+unused, so the verdict is distributed exactly as the sequential rule's. For a
+deterministic drafter (q one-hot) every row is sampled as a plain step would
+sample it, and drafts are kept while they equal those samples.
 """
 
 from __future__ import annotations
@@ -111,27 +113,44 @@ def verify_on_device(logits: mx.array, draft_token_ids: Sequence[int], draft_pro
         return (Verdict([int(t) for t in draft_token_ids[:accepted]], int(argmax[accepted])),
                 top[:accepted + 1])
     p = probs(logits, params)  # [k+1, V]
+    if draft_probs is None:
+        return _verify_own_samples(p, draft_token_ids, rng)
     key_u, key_x = mx.random.split(key_from(rng))
-    rows = p
-    accept = mx.zeros((0,), dtype=mx.bool_)
-    if num_draft:
-        ids = mx.array(list(draft_token_ids), dtype=mx.int32)[:, None]
-        p_x = mx.take_along_axis(p[:num_draft], ids, axis=1)[:, 0]
-        if draft_probs is None:  # q one-hot: accept with p(x), else resample without x
-            q_x = mx.ones((num_draft,))
-            residual = mx.where(mx.arange(vocab)[None] == ids, 0.0, p[:num_draft])
-        else:
-            q = fit_vocab(mx.array(draft_probs), vocab)
-            q_x = mx.take_along_axis(q, ids, axis=1)[:, 0]
-            residual = mx.maximum(p[:num_draft] - q, 0.0)
-        # Where p == q the residual is empty (up to rounding); p is then the exact answer.
-        residual = mx.where(residual.sum(axis=-1, keepdims=True) > 0, residual, p[:num_draft])
-        accept = mx.random.uniform(shape=(num_draft,), key=key_u) * q_x < p_x
-        rows = mx.concatenate([residual, p[num_draft:]], axis=0)
+    ids = mx.array(list(draft_token_ids), dtype=mx.int32)[:, None]
+    p_x = mx.take_along_axis(p[:num_draft], ids, axis=1)[:, 0]
+    q = fit_vocab(mx.array(draft_probs), vocab)
+    q_x = mx.take_along_axis(q, ids, axis=1)[:, 0]
+    residual = mx.maximum(p[:num_draft] - q, 0.0)
+    # Where p == q the residual is empty (up to rounding); p is then the exact answer.
+    residual = mx.where(residual.sum(axis=-1, keepdims=True) > 0, residual, p[:num_draft])
+    accept = mx.random.uniform(shape=(num_draft,), key=key_u) * q_x < p_x
+    rows = mx.concatenate([residual, p[num_draft:]], axis=0)
     accept, tokens, top = to_host(accept, sample(rows, key_x), p.max(axis=-1))
     accepted = num_draft if accept.all() else int(np.argmin(accept))
     return Verdict([int(t) for t in draft_token_ids[:accepted]], int(tokens[accepted])), \
         top[:accepted + 1]
+
+
+def _verify_own_samples(p: mx.array, draft_token_ids: Sequence[int],
+                        rng: np.random.Generator) -> tuple[Verdict, np.ndarray]:
+    """A deterministic drafter's round (q one-hot; none at all for a plain step):
+    the target samples its own token from every row, and the drafts are kept
+    while they equal it (:func:`edgespec.verify.rejection_sample`). Row i gets
+    the key a plain step at its position would get, and ``rng`` is left where
+    plain sampling would leave it, so with one seed the tokens are plain
+    sampling's."""
+    num_draft = len(draft_token_ids)
+    state = rng.bit_generator.state
+    keys = [mx.random.split(key_from(rng))[1] for _ in range(num_draft + 1)]
+    own, top = to_host(mx.concatenate([sample(p[i:i + 1], key) for i, key in enumerate(keys)]),
+                       p.max(axis=-1))
+    accepted = 0
+    while accepted < num_draft and int(own[accepted]) == draft_token_ids[accepted]:
+        accepted += 1
+    rng.bit_generator.state = state  # one key per committed token, as plain steps draw them
+    for _ in range(accepted + 1):
+        key_from(rng)
+    return Verdict([int(t) for t in draft_token_ids[:accepted]], int(own[accepted])), top[:accepted + 1]
 
 
 def top_probability(logits: mx.array) -> mx.array:

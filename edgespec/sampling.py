@@ -195,28 +195,18 @@ class ProbRows:
         weights, blocks, _ = self._row(index)
         return sample_from(weights, rng, blocks)
 
-    def sample_residual(self, index: int, q: np.ndarray | None, token: int | None,
-                        rng: np.random.Generator, q_scale: float = 1.0) -> int:
+    def sample_residual(self, index: int, q: np.ndarray, rng: np.random.Generator,
+                        q_scale: float = 1.0) -> int:
         """A token from norm(max(0, p - q)) of row ``index`` (q = ``q * q_scale``);
-        with ``q`` None, from p without ``token`` (q one-hot there; ``token`` None:
-        p itself). From p when that leaves no mass, which only rounding reaches
-        (p == q: p is then exact)."""
+        from p when that leaves no mass, which only rounding reaches (p == q: p is
+        then exact)."""
         weights, _, scale = self._row(index)
         # In a buffer of its own: q belongs to the drafter, the weights may be read again.
         residual = None if self._buffer is None else self._buffer[-1]
-        if q is not None:
-            # max(0, p - q) / q_scale: the same draw, with no pass to scale q.
-            residual = np.multiply(weights, np.float32(scale / q_scale), out=residual)
-            np.subtract(residual, q, out=residual)
-            np.maximum(residual, 0.0, out=residual)
-        elif token is not None:
-            if residual is None:
-                residual = weights.copy()
-            else:
-                np.copyto(residual, weights)
-            residual[token] = 0.0
-        else:
-            return self.sample(index, rng)
+        # max(0, p - q) / q_scale: the same draw, with no pass to scale q.
+        residual = np.multiply(weights, np.float32(scale / q_scale), out=residual)
+        np.subtract(residual, q, out=residual)
+        np.maximum(residual, 0.0, out=residual)
         blocks = block_sums(residual)
         return sample_from(residual, rng, blocks) if blocks.sum() > 0 else self.sample(index, rng)
 

@@ -8,10 +8,16 @@ For draft tokens x1..xk (Leviathan et al. 2023; Chen et al. 2023):
 2. at the first rejection, sample the replacement from norm(max(0, p_i - q_i));
 3. if all k are accepted, sample a bonus token from p_{k+1}.
 
-A deterministic drafter (prompt lookup) reports ``draft_probs=None``: q is
-one-hot on the proposed token, so xi is accepted with probability p_i(xi) and
-the replacement is drawn from p_i with xi removed. Either way, the tokens that
-come out are distributed exactly as sampling from the target alone.
+A deterministic drafter (prompt lookup, the suffix drafter) reports
+``draft_probs=None``: q is one-hot on the proposed token. Then the rule above
+is the same as sampling the target's own token t_i from p_i and accepting xi
+when t_i == xi (probability p_i(xi)); at the first t_i != xi, t_i is the
+replacement (p_i given "not xi": exactly the residual). That is how it is done
+here (and in llama.cpp): every committed token is then drawn exactly as plain
+sampling draws it, one uniform number each, in order, so with the same seed
+such a drafter reproduces plain sampling's tokens (up to the rounding of a
+batched pass against a one-token pass). Either way, the tokens that come out
+are distributed exactly as sampling from the target alone.
 
 A drafter whose vocabulary has a few more rows than the target's may propose
 an id the target lacks. p is 0 there, so that draft is rejected for certain
@@ -101,17 +107,24 @@ def rejection_sample(
 
     rows = target_probs if isinstance(target_probs, ProbRows) else ProbRows.of_probs(target_probs)
     accepted: list[int] = []
+    if draft_probs is None:  # q one-hot: the target samples its own token; a draft is kept if equal
+        for i, token in enumerate(draft_token_ids):
+            own = rows.sample(i, rng)  # p(token) = 0 for an id the target lacks: never equal
+            if own != token:
+                return Verdict(accepted, own)
+            accepted.append(int(token))
+        return Verdict(accepted, rows.sample(num_draft, rng))
     for i, token in enumerate(draft_token_ids):
-        q = None if draft_probs is None else draft_probs[i]
+        q = draft_probs[i]
         q_scale = 1.0 if draft_scales is None else float(draft_scales[i])
         if token >= vocab_size:  # p = 0: a certain rejection
-            return Verdict(accepted, rows.sample_residual(i, q, None, rng, q_scale))
-        q_token = 1.0 if q is None else float(q[token]) * q_scale
+            return Verdict(accepted, rows.sample_residual(i, q, rng, q_scale))
+        q_token = float(q[token]) * q_scale
         # u * q < p  <=>  u < p / q, written without the division so q == 0 is safe.
         if rng.random() * q_token < rows.prob(i, token):
             accepted.append(int(token))
             continue
-        return Verdict(accepted, rows.sample_residual(i, q, token, rng, q_scale))
+        return Verdict(accepted, rows.sample_residual(i, q, rng, q_scale))
     return Verdict(accepted, rows.sample(num_draft, rng))
 
 

@@ -5,6 +5,7 @@ import pytest
 
 from edgespec import DraftModel, EdgespecError, Engine, PromptLookup, SamplingParams
 from edgespec.backends.toy import ToyBackend
+from edgespec.drafters.suffix import SuffixDrafter
 from edgespec.detokenize import IncrementalDetokenizer, StopMatcher
 
 GREEDY = SamplingParams(temperature=0)
@@ -67,6 +68,25 @@ def test_same_seed_same_output():
     params = SamplingParams(temperature=0.9, seed=123)
     assert engine.generate([1], params, max_tokens=30).token_ids == \
         engine.generate([1], params, max_tokens=30).token_ids
+
+
+@pytest.mark.parametrize("drafter", [PromptLookup(min_ngram=1, max_ngram=3), SuffixDrafter(min_ngram=1)],
+                         ids=["lookup", "suffix"])
+def test_a_deterministic_drafter_reproduces_plain_sampling_for_a_seed(drafter):
+    """q one-hot: the target samples its own token at every position (one uniform
+    each, in order, as plain sampling does) and keeps drafts equal to it, so the
+    same seed gives the same tokens with or without speculation."""
+    target, _ = toy_pair()
+    engine = Engine(target, drafter, num_draft=4)
+    prompt = [0, 1, 2, 3, 0, 1, 2, 3, 0, 1]
+    for seed in range(3):
+        params = SamplingParams(temperature=0.9, seed=seed)
+        plain = engine.generate(prompt, params, max_tokens=80, speculative=False)
+        spec = engine.generate(prompt, params, max_tokens=80)
+        assert spec.token_ids == plain.token_ids
+        assert 0 < spec.stats.accepted < spec.stats.drafted  # it drafted, and drafts were rejected
+    other = engine.generate(prompt, SamplingParams(temperature=0.9, seed=99), max_tokens=80)
+    assert other.token_ids != plain.token_ids  # the seed matters: the test could fail
 
 
 def test_eos_stops_and_is_not_emitted():
