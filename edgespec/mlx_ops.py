@@ -113,7 +113,7 @@ def verify_on_device(logits: mx.array, draft_token_ids: Sequence[int], draft_pro
         return (Verdict([int(t) for t in draft_token_ids[:accepted]], int(argmax[accepted])),
                 top[:accepted + 1])
     p = probs(logits, params)  # [k+1, V]
-    if draft_probs is None:
+    if draft_probs is None or not num_draft:  # a deterministic drafter's round, or a plain step
         return _verify_own_samples(p, draft_token_ids, rng)
     key_u, key_x = mx.random.split(key_from(rng))
     ids = mx.array(list(draft_token_ids), dtype=mx.int32)[:, None]
