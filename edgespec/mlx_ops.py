@@ -26,7 +26,7 @@ import mlx.core as mx
 import numpy as np
 
 from .sampling import SamplingParams
-from .verify import Verdict
+from .verify import Verdict, greedy_verify
 
 host_syncs = 0  # evaluations that brought results to the host, since import
 
@@ -107,11 +107,8 @@ def verify_on_device(logits: mx.array, draft_token_ids: Sequence[int], draft_pro
     vocab = logits.shape[-1]
     if params.greedy:
         argmax, top = to_host(mx.argmax(logits, axis=-1), top_probability(logits))
-        accepted = 0
-        while accepted < num_draft and int(argmax[accepted]) == draft_token_ids[accepted]:
-            accepted += 1
-        return (Verdict([int(t) for t in draft_token_ids[:accepted]], int(argmax[accepted])),
-                top[:accepted + 1])
+        verdict = greedy_verify(argmax, draft_token_ids)
+        return verdict, top[:verdict.num_accepted + 1]
     p = probs(logits, params)  # [k+1, V]
     if draft_probs is None or not num_draft:  # a deterministic drafter's round, or a plain step
         return _verify_own_samples(p, draft_token_ids, rng)
@@ -144,13 +141,11 @@ def _verify_own_samples(p: mx.array, draft_token_ids: Sequence[int],
     keys = [mx.random.split(key_from(rng))[1] for _ in range(num_draft + 1)]
     own, top = to_host(mx.concatenate([sample(p[i:i + 1], key) for i, key in enumerate(keys)]),
                        p.max(axis=-1))
-    accepted = 0
-    while accepted < num_draft and int(own[accepted]) == draft_token_ids[accepted]:
-        accepted += 1
+    verdict = greedy_verify(own, draft_token_ids)  # kept while equal to the target's own tokens
     rng.bit_generator.state = state  # one key per committed token, as plain steps draw them
-    for _ in range(accepted + 1):
+    for _ in range(verdict.num_accepted + 1):
         key_from(rng)
-    return Verdict([int(t) for t in draft_token_ids[:accepted]], int(own[accepted])), top[:accepted + 1]
+    return verdict, top[:verdict.num_accepted + 1]
 
 
 def top_probability(logits: mx.array) -> mx.array:

@@ -129,7 +129,9 @@ def rejection_sample(
 
 
 def greedy_verify(target_argmax: Sequence[int], draft_token_ids: Sequence[int]) -> Verdict:
-    """Temperature-0 verification: accept drafts while they equal the target's argmax.
+    """Temperature-0 verification: accept drafts while they equal the target's argmax
+    (or, for a deterministic drafter's round verified on a device, the target's own
+    samples).
 
     ``target_argmax`` has k+1 entries (the argmax at each draft position and
     after the last), or k when the last draft is outside the target's
