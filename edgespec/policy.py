@@ -55,7 +55,7 @@ class PolicyConfig:
     max_draft: int = 8            # the longest draft auto mode proposes
     draft_p_min: float = 0.7      # a draft model stops below this top probability ...
     learn_stop: bool = True       # ... at first: auto mode learns where drafting stops paying
-    stop_prior_weight: float = 2.0  # pseudo-observations behind a confidence bin's α (its midpoint)
+    stop_prior_weight: float = 6.0  # pseudo-observations behind a confidence bin's α (its midpoint)
     lowest_stop: float = 0.05     # a draft model always stops below this
     decay: float = 0.95           # weight of the past in the acceptance estimates
     prior_weight: float = 3.0     # pseudo-observations behind a prior acceptance rate
@@ -151,8 +151,12 @@ class StopRule:
     """Where a draft model stops drafting: the lowest top probability (of its own,
     before it samples a token) at which one more draft token still pays.
 
-    Drafting one more token costs a drafter step and a wider target pass, c +
-    v(2) - v(1) plain steps, and yields a token only if accepted. How often
+    Drafting one more token costs a drafter step and a wider target pass, and
+    yields a token only if accepted. The pass widens by the average step of v
+    over the longest draft, c + (v(k+1) - v(1)) / k plain steps: v(2) - v(1)
+    alone overstates it where wider passes cost little more (llama.cpp's
+    repacked CPU kernels: v(4) < v(3)), and a stop set from it gave up after
+    one rejected token on prompts where a draft model wins. How often
     the target accepts a draft depends on how sure the drafter was, and how
     well a drafter's confidence predicts that differs by model pair and
     temperature, so the acceptance is learned per confidence bin (tenths),
@@ -160,9 +164,11 @@ class StopRule:
     the drafter's acceptance over all its drafts (a drafter whose confidence
     says little: a noisy one is accepted far more often than it is sure). The stop is the
     lower edge of the lowest bin, counting down from the top, whose α clears
-    that cost, with a little optimism so the bin below is tried now and then.
-    On a CPU (c + Δv ~ 0.8) this stops where llama.cpp's --draft-p-min does; on
-    a GPU (~0.35) it drafts on through less certain tokens, as it should.
+    that cost, with a little optimism so the bin below is tried now and then;
+    each bin's prior weighs as several rounds, so one rejection does not move
+    the stop a whole bin. On a CPU (token cost ~ 0.75) this stops near where
+    llama.cpp's --draft-p-min does; on a GPU (~0.35) it drafts on through less
+    certain tokens, as it should.
     """
 
     BINS = 10
@@ -368,7 +374,7 @@ class AdaptivePlanner:
             if self.cost.c(drafter.name) < self.config.cheap_drafter:
                 return Proposal(drafter, limit)  # asking costs nothing: decide on the draft
             if self._is_draft_model(drafter.name):  # where it stops
-                token_cost = self.cost.c(drafter.name) + self.cost.v(2) - self.cost.v(1)
+                token_cost = self.cost.c(drafter.name) + (self.cost.v(limit + 1) - self.cost.v(1)) / limit
                 alpha = self.tracker(drafter.name).alpha
                 drafter.min_confidence = self.stop_at = self.stop.threshold(
                     token_cost, alpha[0] if alpha else self.config.model_prior)
@@ -491,7 +497,7 @@ class AdaptivePlanner:
         if self.exploration > 0:  # tries are paid from the exploration budget
             k, hope = self.best_k(key, name, limit, behind=state.behind, optimism=cfg.optimism)
             if hope >= cfg.probe_gain:
-                return k, True
+                return self._affordable(name, k, state.behind), True
             # The decision rests on costs this run has not measured (lately): retry now and
             # then, so that a wrong cached number is corrected instead of locking this off,
             # but only while a catch-up is cheap (a draft model that sat out long is not).
@@ -502,6 +508,16 @@ class AdaptivePlanner:
                 return k, True
         self.tracker(key).age()
         return 0, False
+
+    def _affordable(self, name: str, k: int, behind: int) -> int:
+        """The longest probe, up to ``k`` drafts, whose loss if every draft were
+        rejected the exploration budget still covers (at least 1): one long probe
+        that failed would leave nothing to try with for hundreds of tokens."""
+        cost = self.cost
+        overhead = cost.catch_up(name, behind) if behind > 2 else 0.0
+        while k > 1 and overhead + k * cost.c(name) + cost.v(k + 1) - 1 > self.exploration:
+            k -= 1
+        return k
 
     def _observe_draft_cost(self, name: str, report: DraftReport) -> None:
         """Drafter step and catch-up costs from a timed proposal."""

@@ -372,3 +372,38 @@ def test_the_learned_stop_follows_acceptance_by_confidence_and_the_cost_of_a_tok
     assert rule(True).threshold(dear, 0.9) > rule(True).threshold(cheap, 0.9)
     fixed = StopRule(PolicyConfig(draft_p_min=0.6, learn_stop=False))
     assert fixed.threshold(cheap, 0.9) == 0.6  # a stop the user chose stays
+
+
+def test_one_rejected_draft_token_does_not_move_the_learned_stop_but_a_run_of_them_does():
+    """The stop follows evidence, not one token: a drafter accepted nearly always
+    keeps drafting at a confidence where one draft was rejected, and stops above
+    it once rejections there are the rule."""
+    from edgespec.policy import StopRule
+    cost, overall = 0.75, 0.97  # CPU-like token cost; a draft model that copies the target
+    stop = StopRule(PolicyConfig())
+    before = stop.threshold(cost, overall)
+    assert before <= 0.8  # it drafts at 0.85 before any evidence
+    stop.observe([0.97, 0.85], 1)  # the 0.85 token was rejected
+    assert stop.threshold(cost, overall) == before
+    for _ in range(8):
+        stop.observe([0.97, 0.85], 1)
+    assert stop.threshold(cost, overall) >= 0.9
+
+
+def test_a_probe_risks_no_more_than_the_exploration_budget():
+    """A probe's draft is cut until its loss if every draft is rejected (the
+    catch-up, the drafter steps and the wider pass, less the one token a round
+    always yields) fits the budget; with nothing left it drafts one token."""
+    cost = CostModel(true_prior(0.3, 0.5))  # c = 0.5, v(n) = 1 + 0.3 (n - 1)
+    planner = AdaptivePlanner([PromptLookup(), RepeatLast()], cost)
+
+    def worst_loss(k: int, behind: int) -> float:
+        return (cost.catch_up("toy-draft", behind) if behind > 2 else 0.0) + 0.5 * k + cost.v(k + 1) - 1
+
+    for budget, behind in [(4.0, 0), (2.0, 0), (2.0, 6), (0.5, 0)]:
+        planner.exploration = budget
+        k = planner._affordable("toy-draft", 8, behind)
+        assert k == 1 or worst_loss(k, behind) <= budget
+        assert k == 8 or worst_loss(k + 1, behind) > budget  # and no shorter than it must be
+    planner.exploration = 4.0
+    assert planner._affordable("toy-draft", 8, 0) > planner._affordable("toy-draft", 8, 6) > 1
