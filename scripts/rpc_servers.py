@@ -37,9 +37,20 @@ from edgespec.errors import EdgespecError  # noqa: E402
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free ports: all held at once while chosen (one at a time,
+    the OS may hand out again a port chosen for a process that has not bound it yet)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 class LocalRpcServers:
@@ -52,14 +63,18 @@ class LocalRpcServers:
         self.binary, self.count, self.delay_ms = binary, count, delay_ms
         self.ignore_sigpipe = ignore_sigpipe
         self.threads = threads or os.cpu_count() or 1
-        self.ports = ports or [free_port() for _ in range(count)]
+        # The servers' ports and their proxies', chosen together so they differ.
+        n = len(ports) if ports else count
+        chosen = free_ports(2 * n)
+        self.ports = ports or chosen[:n]
+        self.proxy_ports = [p for p in chosen if p not in self.ports][:n]
         self.processes: list[subprocess.Popen] = []
         self.logs: list[Path] = []
         self.endpoints: list[str] = []
 
     def __enter__(self) -> "LocalRpcServers":
         try:
-            for port in self.ports:
+            for port, listen in zip(self.ports, self.proxy_ports):
                 log = Path(os.environ.get("TMPDIR", "/tmp")) / f"edgespec-rpc-server-{port}.log"
                 self.logs.append(log)
                 with open(log, "w") as out:
@@ -72,7 +87,6 @@ class LocalRpcServers:
                         restore_signals=not self.ignore_sigpipe))
                 endpoint = f"127.0.0.1:{port}"
                 if self.delay_ms is not None:
-                    listen = free_port()
                     self.processes.append(subprocess.Popen(
                         [sys.executable, __file__, "proxy", "--listen", str(listen),
                          "--to", endpoint, "--delay-ms", str(self.delay_ms)]))
