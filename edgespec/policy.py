@@ -496,8 +496,8 @@ class AdaptivePlanner:
             return k, False
         if self.exploration > 0:  # tries are paid from the exploration budget
             k, hope = self.best_k(key, name, limit, behind=state.behind, optimism=cfg.optimism)
-            if hope >= cfg.probe_gain:
-                return self._affordable(name, k, state.behind), True
+            if hope >= cfg.probe_gain and (k := self._affordable(name, k, state.behind)):
+                return k, True
             # The decision rests on costs this run has not measured (lately): retry now and
             # then, so that a wrong cached number is corrected instead of locking this off,
             # but only while a catch-up is cheap (a draft model that sat out long is not).
@@ -511,11 +511,12 @@ class AdaptivePlanner:
 
     def _affordable(self, name: str, k: int, behind: int) -> int:
         """The longest probe, up to ``k`` drafts, whose loss if every draft were
-        rejected the exploration budget still covers (at least 1): one long probe
-        that failed would leave nothing to try with for hundreds of tokens."""
+        rejected (a catch-up included) the exploration budget still covers; 0 if
+        none: one probe that failed would leave nothing to try with for hundreds
+        of tokens."""
         cost = self.cost
         overhead = cost.catch_up(name, behind) if behind > 2 else 0.0
-        while k > 1 and overhead + k * cost.c(name) + cost.v(k + 1) - 1 > self.exploration:
+        while k > 0 and overhead + k * cost.c(name) + cost.v(k + 1) - 1 > self.exploration:
             k -= 1
         return k
 

@@ -393,7 +393,7 @@ def test_one_rejected_draft_token_does_not_move_the_learned_stop_but_a_run_of_th
 def test_a_probe_risks_no_more_than_the_exploration_budget():
     """A probe's draft is cut until its loss if every draft is rejected (the
     catch-up, the drafter steps and the wider pass, less the one token a round
-    always yields) fits the budget; with nothing left it drafts one token."""
+    always yields) fits the budget; where not even one token's does, there is no probe."""
     cost = CostModel(true_prior(0.3, 0.5))  # c = 0.5, v(n) = 1 + 0.3 (n - 1)
     planner = AdaptivePlanner([PromptLookup(), RepeatLast()], cost)
 
@@ -403,7 +403,9 @@ def test_a_probe_risks_no_more_than_the_exploration_budget():
     for budget, behind in [(4.0, 0), (2.0, 0), (2.0, 6), (0.5, 0)]:
         planner.exploration = budget
         k = planner._affordable("toy-draft", 8, behind)
-        assert k == 1 or worst_loss(k, behind) <= budget
+        assert k == 0 or worst_loss(k, behind) <= budget
         assert k == 8 or worst_loss(k + 1, behind) > budget  # and no shorter than it must be
     planner.exploration = 4.0
     assert planner._affordable("toy-draft", 8, 0) > planner._affordable("toy-draft", 8, 6) > 1
+    planner.exploration = 0.5  # less than one draft token's worst case (0.8): no probe
+    assert planner._affordable("toy-draft", 8, 0) == 0
