@@ -468,8 +468,7 @@ class AdaptivePlanner:
         tracker, c = self.tracker(key), self.cost.c(cost_name)
         # A draft model that sat out rounds first catches up on them (batched).
         # It pays that once to draft for the rounds after it too: spread it over them.
-        overhead = self.cost.catch_up(cost_name, behind) / self.config.catch_up_rounds \
-            if behind > 2 else 0.0
+        overhead = self._catch_up(cost_name, behind) / self.config.catch_up_rounds
         k_max = min(limit, self.max_draft)
         if k_max < 1:
             return 0, 1.0
@@ -503,7 +502,7 @@ class AdaptivePlanner:
             # but only while a catch-up is cheap (a draft model that sat out long is not).
             if self.cost.rounds_since_measured(name) > cfg.stale_after \
                     and state.since_retry >= state.retry_after \
-                    and (state.behind <= 2 or self.cost.catch_up(name, state.behind) <= cfg.retry_budget):
+                    and self._catch_up(name, state.behind) <= cfg.retry_budget:
                 state.retrying, state.since_retry = True, 0
                 return k, True
         self.tracker(key).age()
@@ -514,11 +513,16 @@ class AdaptivePlanner:
         rejected (a catch-up included) the exploration budget still covers; 0 if
         none: one probe that failed would leave nothing to try with for hundreds
         of tokens."""
-        cost = self.cost
-        overhead = cost.catch_up(name, behind) if behind > 2 else 0.0
+        cost, overhead = self.cost, self._catch_up(name, behind)
         while k > 0 and overhead + k * cost.c(name) + cost.v(k + 1) - 1 > self.exploration:
             k -= 1
         return k
+
+    def _catch_up(self, name: str, behind: int) -> float:
+        """What a drafter ``behind`` committed tokens behind pays, in plain steps, before
+        it drafts: nothing for the one or two tokens after a round it drafted in (its
+        first drafting step takes them), a batched catch-up after sitting out."""
+        return self.cost.catch_up(name, behind) if behind > 2 else 0.0
 
     def _observe_draft_cost(self, name: str, report: DraftReport) -> None:
         """Drafter step and catch-up costs from a timed proposal."""
