@@ -79,8 +79,9 @@ class PolicyConfig:
         "suffix": 0.5, "suffix:maybe": 0.3, "suffix:maybe-long": 0.4, "suffix:likely": 0.4,
         "suffix:likely-long": 0.5, "suffix:sure": 0.6, "suffix:sure-long": 0.8})
     # A draft that continues a copy is accepted whole or cut at one point: the α of the
-    # later positions, given the ones before were accepted (one rate, shared), starts here.
-    continuation_prior: float = 0.8
+    # later positions, given the ones before were accepted (one rate, shared), starts
+    # from the first position's α lifted by this share of its distance to 1.
+    continuation_lift: float = 0.3
     compare_drafters: bool = True  # a cheap drafter's draft gives way to a better later one
     catch_up_rounds: float = 3.0  # rounds a draft model's catch-up is spread over (it pays
     #                               once for a run of rounds, but not to get back in for one)
@@ -103,12 +104,13 @@ class _Rates:
 
     rate_i = (hits_i + w·prior_i) / (trials_i + w), so a few rounds move it
     away from the prior and old rounds fade (``decay`` per observation). The
-    prior of position 0 is ``prior``; of a later position, ``later_prior``
-    if given, else the estimate of the position before it.
+    prior of position 0 is ``prior``; of a later position, the estimate of the
+    position before it, or with a ``later_lift``, position 0's estimate lifted
+    by that share of its distance to 1.
     """
 
-    def __init__(self, prior: float, weight: float, decay: float, later_prior: float | None = None):
-        self.prior, self.weight, self.decay, self.later_prior = prior, weight, decay, later_prior
+    def __init__(self, prior: float, weight: float, decay: float, later_lift: float | None = None):
+        self.prior, self.weight, self.decay, self.later_lift = prior, weight, decay, later_lift
         self.hits: list[float] = []
         self.trials: list[float] = []
 
@@ -126,17 +128,21 @@ class _Rates:
     def estimates(self, k: int, optimism: float = 0.0, prior: float | None = None) -> list[float]:
         """Rates of positions 0..k-1, plus ``optimism`` standard errors (capped at 1).
 
-        ``prior`` replaces the prior of position 0. With a ``later_prior``, the
+        ``prior`` replaces the prior of position 0. With a ``later_lift``, the
         positions after the first share one rate, from the evidence of all of them
         (a copy goes on, or ends, at about the same rate at every position, so the
-        positions tested teach the ones not tested yet).
+        positions tested teach the ones not tested yet). Its prior follows position
+        0's: a copy that often fails to start here is a weak copy, and goes on less.
         """
         result, prior = [], self.prior if prior is None else prior
-        if self.later_prior is not None:
+        if self.later_lift is not None:
             later = sum(self.hits[1:]), sum(self.trials[1:])
         for i in range(k):
-            if i >= 1 and self.later_prior is not None:
-                (hits, trials), prior = later, self.later_prior
+            if i >= 1 and self.later_lift is not None:
+                hits, trials = later
+                if i == 1:
+                    later_prior = prior + (1.0 - prior) * self.later_lift
+                prior = later_prior
             else:
                 trials = self.trials[i] if i < len(self.trials) else 0.0
                 hits = self.hits[i] if i < len(self.hits) else 0.0
@@ -205,12 +211,12 @@ class AcceptanceTracker:
     whether the target accepts it, given the drafts before it were accepted.
     """
 
-    def __init__(self, config: PolicyConfig, prior: float, *, later_prior: float | None = None,
+    def __init__(self, config: PolicyConfig, prior: float, *, later_lift: float | None = None,
                  parent: "AcceptanceTracker | None" = None, offer_parent: _Rates | None = None,
                  weight: float | None = None):
         self.config = config
         self.accept = _Rates(prior, config.prior_weight if weight is None else weight,
-                             config.decay, later_prior)
+                             config.decay, later_lift)
         self.offer = _Rates(1.0, config.offer_weight, config.decay)
         # A tracker pooled over the kinds of one drafter's drafts: its estimate pulls
         # this one's prior, so that when lookup copies well here, short matches are tried too.
@@ -340,7 +346,7 @@ class AdaptivePlanner:
             if bucket:
                 self.trackers[key] = AcceptanceTracker(
                     cfg, cfg.priors.get(key, cfg.priors.get(name, cfg.model_prior)),
-                    later_prior=cfg.continuation_prior, parent=self.tracker(name))
+                    later_lift=cfg.continuation_lift, parent=self.tracker(name))
             elif self._is_draft_model(name):
                 self.trackers[key] = AcceptanceTracker(cfg, cfg.model_prior, offer_parent=self.confidence,
                                                        weight=cfg.model_prior_weight)

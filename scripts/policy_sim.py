@@ -102,17 +102,19 @@ class TraceModel:
 
 def replay(trace: dict, true: CostModel, *, config: PolicyConfig | None = None,
            prior: dict | None = None, drafter: str | None = None, k: int = 0, rng=None,
-           tally: dict | None = None, cheap: str = "lookup") -> float:
+           tally: dict | None = None, cheap: str = "lookup", with_model: bool = True) -> float:
     """Speedup over plain decoding of one trace: auto (with ``config``, its costs
-    starting from ``prior``, over the draft model and ``cheap``: prompt lookup or
-    the suffix drafter) or a fixed drafter (the draft model, lookup, suffix) and k."""
+    starting from ``prior``, over ``cheap``, prompt lookup or the suffix drafter, and the
+    draft model unless not ``with_model``) or a fixed drafter (the draft model, lookup,
+    suffix) and k."""
     out, prompt, accept, top = trace["out"], trace["prompt"], trace["accept"], trace["top"]
     target_top = np.asarray(trace.get("target_top", [1.0] * len(out)))
     greedy, n = trace["temp"] == 0, len(out)
     uses_suffix = drafter == "suffix" or (config is not None and cheap == "suffix")
     lookup = SuffixDrafter() if uses_suffix else PromptLookup(max_ngram=8 if config else 4)
     model = TraceModel()
-    planner = AdaptivePlanner([lookup, model], CostModel(prior), config) if config else None
+    planner = AdaptivePlanner([lookup, model] if with_model else [lookup], CostModel(prior),
+                              config) if config else None
     if planner:
         planner.begin(prompt)
     params = SamplingParams(temperature=trace["temp"])
@@ -197,6 +199,7 @@ def simulate(args) -> None:
     settings = {f"{d} k{k}": dict(drafter=d, k=k) for d in (MODEL, "lookup", "suffix") for k in (2, 4)}
     settings["auto"] = dict(auto=True, cheap="lookup")
     settings["auto+suffix"] = dict(auto=True, cheap="suffix")
+    settings["auto lookup only"] = dict(auto=True, cheap="lookup", with_model=False)
     groups = sorted({(t["set"], t["temp"]) for t in data["traces"]})
     # The geometric mean over a set's traces: a median of a handful jumps between traces.
     print("speedup over plain, geometric mean of each set's traces")
@@ -212,13 +215,14 @@ def simulate(args) -> None:
                     replay(trace, true, rng=np.random.default_rng(seed),
                            config=config if setting.get("auto") else None, prior=prior,
                            drafter=setting.get("drafter"), k=setting.get("k", 0),
-                           cheap=setting.get("cheap", "lookup"))
+                           cheap=setting.get("cheap", "lookup"),
+                           with_model=setting.get("with_model", True))
                     for seed in range(repeats)))
             cells.append(statistics.geometric_mean(speeds))
         table[label] = cells
         print(label.ljust(18) + "".join(f"{c:14.3f}" for c in cells))
     best = [max(table[label][i] for label in settings if "auto" not in label) for i in range(len(groups))]
-    for label in ("auto", "auto+suffix"):
+    for label in ("auto", "auto+suffix", "auto lookup only"):
         print(f"{label}/best".ljust(18) + "".join(f"{a / b:14.3f}" for a, b in zip(table[label], best)))
     if args.verbose:
         for trace in data["traces"]:

@@ -66,18 +66,38 @@ def test_a_drafter_that_stops_early_is_expected_to_yield_less():
     assert hesitant.expected_speeds(2, 0.3, v)[-1] < steady.expected_speeds(2, 0.3, v)[-1]
 
 
+def test_a_copy_that_often_fails_to_start_is_not_expected_to_go_on_long():
+    """Before any evidence past the first position, the later positions' α follows
+    the first's: where lookup drafts mostly fail at once (chat at T > 0), a long
+    draft on the strength of a fixed continuation prior would lose every round."""
+    config = PolicyConfig()
+    v = CostModel(true_prior(0.25, 0.0)).v
+    weak, strong = (AcceptanceTracker(config, prior=0.5, later_lift=config.continuation_lift)
+                    for _ in range(2))
+    for _ in range(12):
+        weak.update(drafted=3, accepted=0)
+        strong.update(drafted=1, accepted=1)  # evidence at the first position only
+    weak_alpha, strong_alpha = weak._accept(4, 0.0), strong._accept(4, 0.0)
+    assert weak_alpha[0] < 0.3 and strong_alpha[0] > 0.8
+    # Neither has evidence past the first position: the later α follow the first's.
+    assert max(weak_alpha[1:]) < 0.5 < min(strong_alpha[1:])
+    assert min(strong_alpha[1:]) > strong_alpha[0]  # lifted toward 1
+    assert max(weak.expected_speeds(4, 0.0, v)) < 1.0 < max(strong.expected_speeds(4, 0.0, v))
+
+
 def test_a_copy_that_went_on_so_far_is_expected_to_go_on_further():
     """Lookup drafts: positions after the first share one rate, so a copy that was
     always accepted as far as it was verified (k = 3) is expected to go on past that,
     and a longer draft pays, instead of untested positions staying at their prior."""
     config = PolicyConfig()
-    tracker = AcceptanceTracker(config, prior=0.5, later_prior=config.continuation_prior)
+    tracker = AcceptanceTracker(config, prior=0.5, later_lift=config.continuation_lift)
     for _ in range(40):
         tracker.update(drafted=3, accepted=0)
         tracker.update(drafted=3, accepted=3)
     alpha = tracker._accept(8, 0.0)
     assert alpha[0] == pytest.approx(0.5, abs=0.05)
-    assert min(alpha[1:]) > 0.95 > config.continuation_prior  # positions 4..8 were never tested
+    later_prior = 0.5 + 0.5 * config.continuation_lift
+    assert min(alpha[1:]) > 0.95 > later_prior  # positions 4..8 were never tested
     v = CostModel(true_prior(0.25, 0.0)).v
     speeds = tracker.expected_speeds(8, 0.0, v)
     assert int(np.argmax(speeds)) + 1 == 8
@@ -136,7 +156,7 @@ def test_exploration_is_paid_from_a_budget_that_bounds_what_it_loses():
     nearly every draft) loses no more than its exploration budget allows: explore_start
     plus explore_rate per token, in plain steps."""
     n, params, grows = 400, SamplingParams(temperature=1.0, seed=3), 0.6
-    hopeful = dict(optimism=5.0, priors={"lookup": 0.1}, continuation_prior=0.1)
+    hopeful = dict(optimism=5.0, priors={"lookup": 0.1}, continuation_lift=0.0)
 
     def steps_lost(config):
         clock = SimClock()
