@@ -500,7 +500,12 @@ class AdaptivePlanner:
         if speed >= cfg.min_gain:
             return k, False
         if self.exploration > 0:  # tries are paid from the exploration budget
-            k, hope = self.best_k(key, name, limit, behind=state.behind, optimism=cfg.optimism)
+            # Hope is for the drafter in step with the text. A draft model that sat out
+            # owes a catch-up that grows with every token it misses: priced into the hope,
+            # it locked the model out for the rest of a reply while its speed in step rose
+            # past 1.04 (scripts/auto_trace.py on the code set). The catch-up is what the
+            # probe risks instead (_affordable), so the budget bounds it.
+            k, hope = self.best_k(key, name, limit, optimism=cfg.optimism)
             if hope >= cfg.probe_gain and (k := self._affordable(name, k, state.behind)):
                 return k, True
             # The decision rests on costs this run has not measured (lately): retry now and

@@ -429,3 +429,28 @@ def test_a_probe_risks_no_more_than_the_exploration_budget():
     assert planner._affordable("toy-draft", 8, 0) > planner._affordable("toy-draft", 8, 6) > 1
     planner.exploration = 0.5  # less than one draft token's worst case (0.8): no probe
     assert planner._affordable("toy-draft", 8, 0) == 0
+
+
+def test_a_draft_model_that_sat_out_is_probed_again_when_it_pays_in_step():
+    """A draft model's catch-up grows with every token it sits out. Priced into the
+    hope of a probe, it locked a model that pays in step with the text out for the
+    rest of a reply; it is what the probe risks instead, so the budget bounds it."""
+    cost = CostModel(true_prior(0.3, 0.3))  # c = 0.3, v(n) = 1 + 0.3 (n - 1)
+    model = RepeatLast()
+    model.name = "toy-draft"  # a draft model to the planner: no priors of its own
+    planner = AdaptivePlanner([PromptLookup(), model], cost)
+    for _ in range(10):  # its drafts: half accepted whole, half cut after two
+        planner.tracker("toy-draft").update(drafted=3, accepted=3)
+        planner.tracker("toy-draft").update(drafted=3, accepted=2)
+    in_step = planner.best_k("toy-draft", "toy-draft", 4)[1]
+    assert planner.config.min_gain <= in_step
+    behind = 30
+    assert planner.best_k("toy-draft", "toy-draft", 4, behind=behind)[1] < planner.config.min_gain
+    planner._state["toy-draft"].behind = behind
+    planner.exploration = 4.0
+    k, probe = planner._decide("toy-draft", "toy-draft", 4)
+    assert probe and k >= 1
+    loss = planner._catch_up("toy-draft", behind) + 0.3 * k + cost.v(k + 1) - 1
+    assert loss <= planner.exploration
+    planner.exploration = planner._catch_up("toy-draft", behind) * 0.9  # cannot pay the catch-up
+    assert planner._decide("toy-draft", "toy-draft", 4) == (0, False)
