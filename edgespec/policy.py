@@ -135,22 +135,22 @@ class _Rates:
         0's: a copy that often fails to start here is a weak copy, and goes on less.
         """
         result, prior = [], self.prior if prior is None else prior
-        if self.later_lift is not None:
-            later = sum(self.hits[1:]), sum(self.trials[1:])
         for i in range(k):
-            if i >= 1 and self.later_lift is not None:
-                hits, trials = later
-                if i == 1:
-                    later_prior = prior + (1.0 - prior) * self.later_lift
-                prior = later_prior
-            else:
-                trials = self.trials[i] if i < len(self.trials) else 0.0
-                hits = self.hits[i] if i < len(self.hits) else 0.0
-            n = trials + self.weight
-            mean = (hits + self.weight * prior) / n
-            result.append(min(1.0, mean + optimism * math.sqrt(mean * (1 - mean) / n)))
-            prior = mean
+            if i == 1 and self.later_lift is not None:  # one shared rate from here on
+                shared = self._estimate(sum(self.hits[1:]), sum(self.trials[1:]),
+                                        prior + (1.0 - prior) * self.later_lift, optimism)[1]
+                return result + [shared] * (k - 1)
+            trials = self.trials[i] if i < len(self.trials) else 0.0
+            hits = self.hits[i] if i < len(self.hits) else 0.0
+            prior, estimate = self._estimate(hits, trials, prior, optimism)
+            result.append(estimate)
         return result
+
+    def _estimate(self, hits: float, trials: float, prior: float, optimism: float) -> tuple[float, float]:
+        """The rate from this evidence and prior, and it plus ``optimism`` standard errors."""
+        n = trials + self.weight
+        mean = (hits + self.weight * prior) / n
+        return mean, min(1.0, mean + optimism * math.sqrt(mean * (1 - mean) / n))
 
 
 class StopRule:
