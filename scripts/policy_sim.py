@@ -14,7 +14,8 @@ through the planner interface (plan → review → observe), with the real
 trace, and charges each round the machine's measured costs (v(n), c and the
 catch-up, in plain steps). The planner sees simulated seconds exactly as it
 sees real ones, so its cost estimation runs too; ``--prior`` starts it from
-other (e.g. poisoned) costs than the true ones.
+other (e.g. poisoned) costs than the true ones, and ``--noise`` jitters each
+pass's time (a busy machine), which its cost estimation sees too.
 
 It is a model of the engine, not a benchmark: quote ``edgespec bench`` for speed.
 Tune on the tuning sets (code, edit, chat) only; the validation sets are not
@@ -23,12 +24,14 @@ for tuning.
     python scripts/policy_sim.py record --out traces.json          # ~5 min
     python scripts/policy_sim.py simulate traces.json
     python scripts/policy_sim.py simulate traces.json --set optimism=0.5 --set min_gain=1.02
+    python scripts/policy_sim.py simulate traces.json --noise 0.1 --repeats 16
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 from dataclasses import fields, replace
 
@@ -102,11 +105,16 @@ class TraceModel:
 
 def replay(trace: dict, true: CostModel, *, config: PolicyConfig | None = None,
            prior: dict | None = None, drafter: str | None = None, k: int = 0, rng=None,
-           tally: dict | None = None, cheap: str = "lookup", with_model: bool = True) -> float:
+           tally: dict | None = None, cheap: str = "lookup", with_model: bool = True,
+           noise: float = 0.0) -> float:
     """Speedup over plain decoding of one trace: auto (with ``config``, its costs
     starting from ``prior``, over ``cheap``, prompt lookup or the suffix drafter, and the
     draft model unless not ``with_model``) or a fixed drafter (the draft model, lookup,
-    suffix) and k."""
+    suffix) and k.
+
+    ``noise``: each pass takes its true time times a mean-one log-normal factor of
+    this spread (a busy machine: on this CPU single plain runs scatter ±10%), which
+    the planner sees as it would on a real clock."""
     out, prompt, accept, top = trace["out"], trace["prompt"], trace["accept"], trace["top"]
     target_top = np.asarray(trace.get("target_top", [1.0] * len(out)))
     greedy, n = trace["temp"] == 0, len(out)
@@ -119,6 +127,10 @@ def replay(trace: dict, true: CostModel, *, config: PolicyConfig | None = None,
         planner.begin(prompt)
     params = SamplingParams(temperature=trace["temp"])
     t, spent, synced = 0, 0.0, 0  # synced: the draft model's cache holds out[:synced]
+    clock = np.random.default_rng(rng.integers(1 << 32) if noise and rng is not None else None)
+
+    def noisy(seconds: float) -> float:
+        return seconds * math.exp(noise * clock.standard_normal() - noise * noise / 2) if noise else seconds
 
     def model_draft(limit: int) -> tuple[Draft, int, float, float]:
         behind = t - synced
@@ -126,10 +138,10 @@ def replay(trace: dict, true: CostModel, *, config: PolicyConfig | None = None,
         while drafted < limit and not (p_min and top[t + drafted] < p_min):
             drafted += 1
         steps = drafted + (drafted < limit)
-        catch_up = true.catch_up(MODEL, behind) if behind > 2 else 0.0
+        catch_up = noisy(true.catch_up(MODEL, behind)) if behind > 2 else 0.0
         # Token ids stand in for the draft; acceptance is decided from the trace below.
         return (Draft(list(out[t:t + drafted]), confidence=list(top[t:t + drafted]) if p_min else None),
-                behind, catch_up, steps * true.c(MODEL))
+                behind, catch_up, noisy(steps * true.c(MODEL)))
 
     while t < n:
         limit = min(planner.max_draft if planner else k, n - t - 1)
@@ -167,7 +179,7 @@ def replay(trace: dict, true: CostModel, *, config: PolicyConfig | None = None,
             while accepted < len(draft) and (accept[t + accepted] >= 1 if greedy
                                              else rng.random() < accept[t + accepted]):
                 accepted += 1
-        verify_s = true.v(len(draft) + 1)
+        verify_s = noisy(true.v(len(draft) + 1))
         round_spent += verify_s
         if planner:
             planner.observe(RoundResult(kind, draft.bucket, len(draft), accepted, len(draft) + 1,
@@ -210,13 +222,13 @@ def simulate(args) -> None:
         for group in groups:
             speeds = []
             for trace in (t for t in data["traces"] if (t["set"], t["temp"]) == group):
-                repeats = 1 if trace["temp"] == 0 else args.repeats
+                repeats = 1 if trace["temp"] == 0 and not args.noise else args.repeats
                 speeds.append(statistics.mean(
                     replay(trace, true, rng=np.random.default_rng(seed),
                            config=config if setting.get("auto") else None, prior=prior,
                            drafter=setting.get("drafter"), k=setting.get("k", 0),
                            cheap=setting.get("cheap", "lookup"),
-                           with_model=setting.get("with_model", True))
+                           with_model=setting.get("with_model", True), noise=args.noise)
                     for seed in range(repeats)))
             cells.append(statistics.geometric_mean(speeds))
         table[label] = cells
@@ -228,7 +240,7 @@ def simulate(args) -> None:
         for trace in data["traces"]:
             tally: dict = {}
             speed = replay(trace, true, rng=np.random.default_rng(0), config=config, prior=prior,
-                           tally=tally)
+                           tally=tally, noise=args.noise)
             print(f"{trace['set']}/T={trace['temp']:g} #{trace['index']}: auto {speed:.3f}  {tally}")
 
 
@@ -250,7 +262,9 @@ def main() -> None:
     sim.add_argument("--prior", help="a cost file (ratios) to start the planner from, "
                      "instead of the true costs (e.g. a poisoned one)")
     sim.add_argument("--verbose", action="store_true", help="auto's rounds on each trace")
-    sim.add_argument("--repeats", type=int, default=2, help="sampling seeds per trace at T > 0")
+    sim.add_argument("--repeats", type=int, default=2, help="seeds per trace at T > 0 (or with --noise)")
+    sim.add_argument("--noise", type=float, default=0.0,
+                     help="spread of each pass's time (log-normal; 0.1 is about this CPU's)")
     args = parser.parse_args()
     record(args) if args.command == "record" else simulate(args)
 
