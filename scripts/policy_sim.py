@@ -113,8 +113,9 @@ def replay(trace: dict, true: CostModel, *, config: PolicyConfig | None = None,
     suffix) and k.
 
     ``noise``: each pass takes its true time times a mean-one log-normal factor of
-    this spread (a busy machine: on this CPU single plain runs scatter ±10%), which
-    the planner sees as it would on a real clock."""
+    this spread (a busy machine), which the planner sees as it would on a real clock.
+    0.1 is not a measured spread of this CPU's passes: it is enough to reproduce what
+    real runs on the code sets show (a draft model dropped after one noisy early round)."""
     out, prompt, accept, top = trace["out"], trace["prompt"], trace["accept"], trace["top"]
     target_top = np.asarray(trace.get("target_top", [1.0] * len(out)))
     greedy, n = trace["temp"] == 0, len(out)
@@ -264,7 +265,7 @@ def main() -> None:
     sim.add_argument("--verbose", action="store_true", help="auto's rounds on each trace")
     sim.add_argument("--repeats", type=int, default=2, help="seeds per trace at T > 0 (or with --noise)")
     sim.add_argument("--noise", type=float, default=0.0,
-                     help="spread of each pass's time (log-normal; 0.1 is about this CPU's)")
+                     help="spread of each pass's time (log-normal; 0.1 reproduces what real runs show)")
     args = parser.parse_args()
     record(args) if args.command == "record" else simulate(args)
 
