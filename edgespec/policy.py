@@ -329,6 +329,7 @@ class AdaptivePlanner:
         self._caught_up: set[str] = set()  # ... and of those, the ones that drafted
         self._verifying: tuple[str, str | None, bool] | None = None  # drafter, bucket, stopped
         self._draft_seconds = 0.0  # spent drafting in the round in flight
+        self._draft_cost = 0.0  # ... and what that drafting typically costs, in plain steps
         self._limit = 0  # the longest draft this round may verify
         self.exploration = self.config.explore_start  # plain steps that tries may still lose
         self._exploring = False  # the round in flight asked or verified a probe or a retry
@@ -395,6 +396,7 @@ class AdaptivePlanner:
         name = proposal.drafter.name
         self._observe_draft_cost(name, report)
         self._draft_seconds += report.catch_up_seconds + report.draft_seconds
+        self._draft_cost += self._typical_draft_cost(name, report)
         self._caught_up.add(name)
         stopped = draft.bucket is None and len(draft) < proposal.num_draft
         if not draft.token_ids:
@@ -443,16 +445,21 @@ class AdaptivePlanner:
         self._asked.clear()
         self._caught_up.clear()
         self._verifying, self._confidence = None, None
-        self._draft_seconds = 0.0
+        self._draft_seconds = self._draft_cost = 0.0
         self._exploring = False
 
     def _pay_exploration(self, result: RoundResult) -> None:
         """Earn this round's share of the budget; charge it what a try lost (in plain
-        steps: the round's seconds over the plain step's, less the tokens it committed)."""
-        cfg, step = self.config, self.cost.step_seconds
+        steps: what its passes typically cost, less the tokens it committed).
+
+        Typical costs (the cost model's medians, which this round's timings join),
+        not this round's clock: one pass on a busy moment had cost a reply its whole
+        budget, so that a draft model paying its way on the code set was never tried
+        again in it (scripts/auto_trace.py, session 16)."""
+        cfg = self.config
         self.exploration += cfg.explore_rate * result.num_committed
-        if self._exploring and step:
-            spent = (result.target_seconds + self._draft_seconds) / step
+        if self._exploring and self.cost.step_seconds:
+            spent = self.cost.v(result.target_tokens) + self._draft_cost
             self.exploration -= spent - result.num_committed
         self.exploration = min(self.exploration, cfg.explore_cap)
 
@@ -537,13 +544,25 @@ class AdaptivePlanner:
 
     def _observe_draft_cost(self, name: str, report: DraftReport) -> None:
         """Drafter step and catch-up costs from a timed proposal."""
-        draft = report.draft
-        steps = max(1, len(draft) + (len(draft) < report.proposal.num_draft and draft.bucket is None))
+        steps = self._draft_steps(report)
         if report.caught_up > 2:  # a catch-up after sitting out: not a drafting step
             if steps > 1:
                 self.cost.observe_draft(name, steps - 1, report.draft_seconds)
         else:  # the usual one or two tokens: the first drafting step
             self.cost.observe_draft(name, steps, report.catch_up_seconds + report.draft_seconds)
+
+    def _typical_draft_cost(self, name: str, report: DraftReport) -> float:
+        """What a proposal like ``report``'s typically costs, in plain steps: its
+        drafting steps and, after sitting out, its catch-up."""
+        steps, catch_up = self._draft_steps(report), self._catch_up(name, report.caught_up)
+        return catch_up + (steps - (catch_up > 0)) * self.cost.c(name)  # a catch-up drafts one
+
+    @staticmethod
+    def _draft_steps(report: DraftReport) -> int:
+        """Drafter steps a proposal took: one per token, and one more for the token a
+        draft model drew and was too unsure of to offer (its stop)."""
+        draft = report.draft
+        return max(1, len(draft) + (len(draft) < report.proposal.num_draft and draft.bucket is None))
 
 
 def auto_drafters(drafter: Drafter | None, lookup: Drafter) -> list[Drafter]:

@@ -454,3 +454,22 @@ def test_a_draft_model_that_sat_out_is_probed_again_when_it_pays_in_step():
     assert loss <= planner.exploration
     planner.exploration = planner._catch_up("toy-draft", behind) * 0.9  # cannot pay the catch-up
     assert planner._decide("toy-draft", "toy-draft", 4) == (0, False)
+
+
+def test_a_try_is_charged_what_its_pass_typically_costs_not_one_busy_reading():
+    """The exploration budget pays for what a try lost: its passes at their typical
+    cost (the cost model's medians, which every timing joins), less the tokens it
+    committed. Charged one reading of the clock instead, a single pass that took ten
+    times its usual time on a busy moment cost a reply its whole budget, and with it
+    every later try of a draft model that was paying its way."""
+    cost = CostModel(true_prior(0.3, 0.0, "lookup"))  # v(4) = 1.9
+    planner = AdaptivePlanner([PromptLookup()], cost, PolicyConfig(explore_rate=0.0))
+    top = np.array([0.9])
+    for _ in range(3):  # the plain step and the 4-token pass at their usual times
+        planner.observe(RoundResult(None, None, 0, 0, 1, STEP, top))
+        planner.observe(RoundResult(None, None, 0, 0, 4, 1.9 * STEP, top))
+    before = planner.exploration
+    planner._exploring = True  # a probe of 3 drafts, all rejected, on a busy moment
+    planner.observe(RoundResult("lookup", "match2", 3, 0, 4, 10 * 1.9 * STEP, top))
+    assert cost.v(4) == pytest.approx(1.9)  # one slow pass does not move the median
+    assert before - planner.exploration == pytest.approx(cost.v(4) - 1)  # not 18 steps
