@@ -25,7 +25,9 @@ keep the plain step's own cost fresh.
 
 Every such try (a probe or a retry) is paid from an exploration budget: it
 earns a fixed share of each committed token's time and is charged what each
-try actually lost (refunded what one won). So where speculation never pays
+try lost (refunded what one won): its passes at their typical cost, less the
+tokens it committed, so that one pass on a busy moment does not spend it
+all. So where speculation never pays
 (chat with a draft model on a busy CPU), trying costs about that share and
 no more, and where it pays, winning tries keep the budget full.
 
@@ -92,8 +94,9 @@ class PolicyConfig:
     stale_after: int = 256        # rounds after which a measured cost counts as unmeasured
     refresh_plain_after: int = 128  # rounds between plain steps that re-measure the plain step
     # Exploration is paid from a budget, in plain steps: it starts at explore_start, earns
-    # explore_rate per committed token, is charged what each probe round lost (credited what
-    # one won) and holds at most explore_cap. Where nothing pays, probes cost ~explore_rate.
+    # explore_rate per committed token, is charged what each probe round lost at typical costs
+    # (credited what one won) and holds at most explore_cap. Where nothing pays, probes cost
+    # ~explore_rate.
     explore_start: float = 2.0
     explore_rate: float = 0.01
     explore_cap: float = 4.0
