@@ -461,7 +461,7 @@ class AdaptivePlanner:
         again in it (scripts/auto_trace.py, session 16)."""
         cfg = self.config
         self.exploration += cfg.explore_rate * result.num_committed
-        if self._exploring and self.cost.step_seconds:
+        if self._exploring:  # plan() proposes nothing before plain steps were timed
             spent = self.cost.v(result.target_tokens) + self._draft_cost
             self.exploration -= spent - result.num_committed
         self.exploration = min(self.exploration, cfg.explore_cap)
