@@ -5,8 +5,9 @@ how many tokens it may draft), times the drafter's catch-up and proposal,
 hands the planner that :class:`DraftReport` and learns how much of the draft
 to verify (nothing: ask the planner again; it may offer the next drafter on
 its list, or nothing, which makes the round a plain step). After the target's
-pass the planner hears the :class:`RoundResult`. A planner only ever sees these
-plain facts; it never reaches into a drafter or a model.
+pass the planner hears the :class:`RoundResult`. A planner decides on these
+plain facts alone; the one thing it sets on a drafter is where a draft model
+stops (its ``min_confidence``), before asking it.
 
 :class:`FixedPlanner` is the fixed-k planner; the adaptive one (auto mode) is
 :class:`edgespec.policy.AdaptivePlanner`.

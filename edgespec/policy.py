@@ -170,7 +170,7 @@ class StopRule:
     well a drafter's confidence predicts that differs by model pair and
     temperature, so the acceptance is learned per confidence bin (tenths),
     each starting halfway between its midpoint (a calibrated drafter's) and
-    the drafter's acceptance over all its drafts (a drafter whose confidence
+    the drafter's acceptance at its first draft position (a drafter whose confidence
     says little: a noisy one is accepted far more often than it is sure). The stop is the
     lower edge of the lowest bin, counting down from the top, whose α clears
     that cost, with a little optimism so the bin below is tried now and then;
@@ -194,7 +194,7 @@ class StopRule:
 
     def threshold(self, token_cost: float, acceptance: float) -> float:
         """The stop for a marginal draft token that costs ``token_cost`` plain steps,
-        for a drafter whose drafts are accepted at ``acceptance`` overall."""
+        for a drafter whose first drafts are accepted at rate ``acceptance``."""
         if not self.config.learn_stop:
             return self.config.draft_p_min
         stop = (self.BINS - 1) / self.BINS  # even the top bin: drafting only when nearly sure
@@ -330,9 +330,8 @@ class AdaptivePlanner:
                        for d in self.drafters}
         self._asked: set[str] = set()  # drafters asked this round
         self._caught_up: set[str] = set()  # ... and of those, the ones that drafted
-        self._verifying: tuple[str, str | None, bool] | None = None  # drafter, bucket, stopped
-        self._draft_seconds = 0.0  # spent drafting in the round in flight
-        self._draft_cost = 0.0  # ... and what that drafting typically costs, in plain steps
+        self._verifying: tuple[str, bool] | None = None  # drafter, whether its draft stopped
+        self._draft_cost = 0.0  # what the drafting in the round in flight typically costs, in plain steps
         self._limit = 0  # the longest draft this round may verify
         self.exploration = self.config.explore_start  # plain steps that tries may still lose
         self._exploring = False  # the round in flight asked or verified a probe or a retry
@@ -366,9 +365,9 @@ class AdaptivePlanner:
     # -- the planner interface -------------------------------------------------------
 
     def begin(self, context: Sequence[int]) -> None:
+        self._end_round()
         for state in self._state.values():
             state.behind = 0  # the engine prefilled every drafter
-        self._asked.clear()
 
     def plan(self, context: Sequence[int], limit: int) -> Proposal | None:
         cost = self.cost
@@ -398,7 +397,6 @@ class AdaptivePlanner:
         proposal, draft = report.proposal, report.draft
         name = proposal.drafter.name
         self._observe_draft_cost(name, report)
-        self._draft_seconds += report.catch_up_seconds + report.draft_seconds
         self._draft_cost += self._typical_draft_cost(name, report)
         self._caught_up.add(name)
         stopped = draft.bucket is None and len(draft) < proposal.num_draft
@@ -414,7 +412,7 @@ class AdaptivePlanner:
                 return None
             verified = Proposal(proposal.drafter, keep, probe)
         self._exploring |= verified.probe
-        self._verifying = (name, draft.bucket, stopped and verified.num_draft == len(draft))
+        self._verifying = (name, stopped and verified.num_draft == len(draft))
         self._confidence = draft.confidence
         return verified
 
@@ -424,10 +422,10 @@ class AdaptivePlanner:
         self.confidence_update(result.target_top_probs)
         verified = self._verifying[0] if self._verifying and result.drafter else None
         if verified is not None:
-            name, bucket, stopped = self._verifying
+            name, stopped = self._verifying
             self.tracker(name).update(result.num_drafted, result.num_accepted, stopped)
-            if bucket is not None:
-                self.tracker(f"{name}:{bucket}").update(result.num_drafted, result.num_accepted)
+            if result.bucket is not None:
+                self.tracker(f"{name}:{result.bucket}").update(result.num_drafted, result.num_accepted)
             if self._confidence is not None:
                 self.stop.observe(self._confidence[:result.num_drafted], result.num_accepted)
         self._pay_exploration(result)
@@ -439,17 +437,22 @@ class AdaptivePlanner:
                 state.behind = (0 if drafter.name in self._caught_up else state.behind) \
                     + result.num_committed
             state.since_retry += 1
-            if state.retrying:  # back off further while retries lose
-                seconds = result.target_seconds + self._draft_seconds
+            if state.retrying:  # back off further while retries lose (on typical costs, too)
                 won = drafter.name == verified and \
-                    result.num_committed * (self.cost.step_seconds or seconds) > seconds
+                    result.num_committed > self.cost.v(result.target_tokens) + self._draft_cost
                 state.retry_after = cfg.retry_after if won else min(2 * state.retry_after, cfg.retry_max)
-                state.retrying = False
+        self._end_round()
+
+    def _end_round(self) -> None:
+        """Forget the round in flight (also one that a cancel or an error cut short
+        between review and observe: the next generation must not pay for it)."""
         self._asked.clear()
         self._caught_up.clear()
         self._verifying, self._confidence = None, None
-        self._draft_seconds = self._draft_cost = 0.0
+        self._draft_cost = 0.0
         self._exploring = False
+        for state in self._state.values():
+            state.retrying = False
 
     def _pay_exploration(self, result: RoundResult) -> None:
         """Earn this round's share of the budget; charge it what a try lost (in plain
@@ -516,8 +519,9 @@ class AdaptivePlanner:
             # past 1.04 (scripts/auto_trace.py on the code set). The catch-up is what the
             # probe risks instead (_affordable), so the budget bounds it.
             k, hope = self.best_k(key, name, limit, optimism=cfg.optimism)
-            if hope >= cfg.probe_gain and (k := self._affordable(name, k, state.behind)):
-                return k, True
+            probe = self._affordable(name, k, state.behind) if hope >= cfg.probe_gain else 0
+            if probe:
+                return probe, True
             # The decision rests on costs this run has not measured (lately): retry now and
             # then, so that a wrong cached number is corrected instead of locking this off,
             # but only while a catch-up is cheap (a draft model that sat out long is not).
@@ -568,9 +572,14 @@ class AdaptivePlanner:
         return max(1, len(draft) + (len(draft) < report.proposal.num_draft and draft.bucket is None))
 
 
-def auto_drafters(drafter: Drafter | None, lookup: Drafter) -> list[Drafter]:
+def auto_drafters(drafter: Drafter | None, lookup: Drafter,
+                  config: PolicyConfig | None = None) -> list[Drafter]:
     """The drafters auto mode consults, cheapest first: prompt lookup (always on
-    offer: asking costs nothing), then the given drafter unless it is lookup."""
-    if drafter is None or drafter.name == lookup.name:
-        return [drafter or lookup]
+    offer: asking costs nothing), then the given draft model. A drafter that drafts
+    from the text as lookup does (one with priors of its own: lookup, suffix) takes
+    lookup's place instead of being asked only where lookup found nothing."""
+    if drafter is None:
+        return [lookup]
+    if drafter.name in (config or PolicyConfig()).priors:
+        return [drafter]
     return [lookup, drafter]
