@@ -260,6 +260,9 @@ class Engine:
         self.cancel()
         with self._models:  # a pass in flight ends first; then no run touches a model again
             self.planner.close()
+            kept = self._auto[0]  # auto mode, switched away from, measured costs too
+            if kept is not None and kept is not self.planner:
+                kept.close()
             self.target.close()
             for drafter in self.active_drafters():
                 drafter.close()

@@ -5,6 +5,8 @@ that size costs), so the planner sees realistic, deterministic costs. Tests
 that depend on how much exploration the policy does pin a PolicyConfig.
 """
 
+import json
+
 import numpy as np
 import pytest
 
@@ -473,3 +475,53 @@ def test_a_try_is_charged_what_its_pass_typically_costs_not_one_busy_reading():
     planner.observe(RoundResult("lookup", "match2", 3, 0, 4, 10 * 1.9 * STEP, top))
     assert cost.v(4) == pytest.approx(1.9)  # one slow pass does not move the median
     assert before - planner.exploration == pytest.approx(cost.v(4) - 1)  # not 18 steps
+
+
+def test_a_retry_is_only_marked_when_it_drafts():
+    """Costs this run never measured are retried now and then. Where the budget
+    could not afford a probe, the retry was marked in flight with nothing to draft:
+    no round verified it, and it still counted as lost, doubling the back-off
+    without measuring anything."""
+    cost = CostModel(true_prior(0.3, 0.5))  # the draft model's worst-case loss: 0.8 a token
+    model = RepeatLast()
+    model.name = "toy-draft"  # a draft model to the planner: no priors of its own
+    config = PolicyConfig(min_gain=10.0, probe_gain=0.0, explore_start=0.1, explore_rate=0.0)
+    planner = AdaptivePlanner([model], cost, config)
+    top = np.array([0.9])
+    for _ in range(2):
+        planner.observe(RoundResult(None, None, 0, 0, 1, STEP, top))
+    assert planner._affordable("toy-draft", 4, 0) == 0  # no probe fits the budget
+    proposal = planner.plan([1, 2, 3], 4)
+    assert proposal is not None and proposal.num_draft >= 1 and proposal.probe
+    assert planner._state["toy-draft"].retrying
+
+
+def test_a_round_cut_short_is_not_charged_to_the_next_generation():
+    """A cancel (or an error) between the planner's review and the target's pass
+    leaves a round in flight; the next generation starts without it."""
+    cost = CostModel(true_prior(0.3, 0.0, "lookup"))
+    planner = AdaptivePlanner([PromptLookup()], cost, PolicyConfig(explore_rate=0.0))
+    top = np.array([0.9])
+    for _ in range(2):
+        planner.observe(RoundResult(None, None, 0, 0, 1, STEP, top))
+    planner._exploring, planner._draft_cost = True, 3.0  # a probe, cut short
+    before = planner.exploration
+    planner.begin([1, 2, 3])
+    planner.observe(RoundResult(None, None, 0, 0, 1, STEP, top))  # the next reply's plain step
+    assert planner.exploration == before
+
+
+def test_closing_after_leaving_auto_mode_keeps_the_costs_it_measured(tmp_path):
+    """Auto mode's measured costs become the next run's prior when the engine
+    closes, also after the engine was switched to a fixed k since."""
+    clock = SimClock()
+    target, drafter = timed_pair(batch_grows=0.05, drafter_cost=0.1, noise=0.5, clock=clock)
+    path = tmp_path / "costs.json"
+    planner = AdaptivePlanner([PromptLookup(max_ngram=8), drafter], CostModel(true_prior(0.05, 0.1)),
+                              save_costs_to=path)
+    engine = Engine(target, drafter, num_draft="auto", planner=planner, clock=clock)
+    engine.generate([0, 1, 2], GREEDY, max_tokens=20)
+    engine.configure(drafter, 4)
+    engine.generate([0, 1, 2], GREEDY, max_tokens=8)
+    engine.close()
+    assert path.exists() and "v" in json.loads(path.read_text())
