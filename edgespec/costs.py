@@ -315,11 +315,16 @@ def calibrate(target: Backend, drafts: Sequence[tuple[str, Backend]], *,
         for backend in [target] + [b for _, b in drafts]:
             backend.rewind(0)
             backend.forward(context, last_only=True)
-        for _ in range(repeats + 1):
+        for repeat in range(repeats + 1):
+            warm_up = repeat == 0  # timed like the rest, and discarded
             for n in sorted(set(sizes) | {1}):
-                cost.observe_target(n, timed(target, n))
+                seconds = timed(target, n)
+                if not warm_up:
+                    cost.observe_target(n, seconds)
             for name, backend in drafts:
-                cost.observe_draft(name, 1, timed(backend, 1))
+                seconds = timed(backend, 1)
+                if not warm_up:
+                    cost.observe_draft(name, 1, seconds)
     finally:
         target.rewind(0)
         for _, backend in drafts:

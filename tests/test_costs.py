@@ -188,6 +188,16 @@ def test_calibration_measures_every_size_and_leaves_caches_empty():
     assert 1.0 <= cost.v(3) <= 3.0
 
 
+def test_calibration_discards_each_kinds_warm_up_pass():
+    """The first pass of each size and each drafter step warms caches up; it is run
+    but not counted, so `repeats` timings of each remain."""
+    target = ToyBackend.random(8, seed=1)
+    draft = target.perturbed(noise=0.1, seed=3)
+    cost = calibrate(target, [("toy-draft", draft)], sizes=(1, 3), repeats=2)
+    assert [len(cost._target[n].values) for n in (1, 3)] == [2, 2]
+    assert len(cost._step["toy-draft"].values) == 2
+
+
 def test_calibration_file_round_trip_and_bad_files(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
     target = ToyBackend.random(8, seed=1)
