@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
@@ -212,6 +213,9 @@ def cmd_bench(args) -> int:
                          repeat=args.repeat, auto=not args.no_auto)
     options = BackendOptions(backend=args.backend, n_ctx=args.ctx, n_threads=args.threads,
                              n_gpu_layers=args.n_gpu_layers, fetch=True, rpc=args.rpc or ())
+    outputs = [(writable(path, flag), write) for path, flag, write in (
+        (args.json, "--json", write_json), (args.csv, "--csv", write_csv), (args.plot, "--plot", write_plot))
+        if path]
     console = stderr_console()
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console) as bar:
@@ -223,14 +227,28 @@ def cmd_bench(args) -> int:
                                    f"{' k=' + str(record.num_draft) if record.num_draft else ''}")
         result = run_bench(config, options, progress=progress, log=console.print)
     print_report(result)
-    for path, write in ((args.json, write_json), (args.csv, write_csv), (args.plot, write_plot)):
-        if path:
+    for path, write in outputs:
+        try:
             write(result, path)
-            print(f"wrote {path}")
+        except OSError as e:
+            raise EdgespecError(f"could not write {path}: {e.strerror or e}") from None
+        print(f"wrote {path}")
     if args.save_profile:
         saved = save_profile(result["target"], result["recommendation"])
         print(f"saved profile: {saved}" if saved else "no profile saved: plain decoding won")
     return 0
+
+
+def writable(path: str, flag: str) -> str:
+    """``path`` if a file can be written there; checked before a long run, not after it."""
+    folder = Path(path).expanduser().absolute().parent
+    if not folder.is_dir():
+        raise EdgespecError(f"cannot write {flag} {path}: the folder {folder} does not exist "
+                            f"(create it, or choose another path)")
+    if not os.access(folder, os.W_OK):
+        raise EdgespecError(f"cannot write {flag} {path}: the folder {folder} is not writable "
+                            f"(choose another path)")
+    return path
 
 
 # -- models --------------------------------------------------------------------------

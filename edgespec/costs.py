@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from .backends.base import Backend
+from .errors import EdgespecError
 
 WINDOW = 9                      # samples kept per kind: the median of the most recent
 TRUSTED_SAMPLES = 3             # in-run samples of a pass size or a drafter's step that outweigh its prior
@@ -411,7 +412,6 @@ def profile_path(target: str) -> Path:
 def model_fingerprint(target: str) -> str:
     """A short hash of what a model argument names: a file's size and header (its
     metadata), a folder's config and file sizes; a name not on disk by itself."""
-    from .errors import EdgespecError
     from .models import resolve_model
     h = hashlib.sha256()
     try:
@@ -439,11 +439,15 @@ def save_profile(target: str, recommendation: dict) -> Path | None:
     if recommendation["mode"] == "plain":
         return None
     path = profile_path(target)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"target": target, "draft": recommendation["drafter"],
-                                "num_draft": recommendation["num_draft"],
-                                "speedup": recommendation["speedup"],
-                                "measured": time.strftime("%Y-%m-%d %H:%M")}, indent=1))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"target": target, "draft": recommendation["drafter"],
+                                    "num_draft": recommendation["num_draft"],
+                                    "speedup": recommendation["speedup"],
+                                    "measured": time.strftime("%Y-%m-%d %H:%M")}, indent=1))
+    except OSError as e:
+        raise EdgespecError(f"could not save the profile to {path}: {e.strerror or e} "
+                            f"(set EDGESPEC_HOME to a writable folder)") from None
     return path
 
 

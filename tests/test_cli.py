@@ -119,3 +119,12 @@ def test_draft_model_threads_are_its_own(smollm2_path):
         engine.close()
     assert_one_line_error(edgespec("generate", "-m", smollm2_path, "-d", smollm2_path, "-p", "hi",
                                    "--threads-draft", "0"), "--threads-draft")
+
+
+def test_bench_output_into_a_missing_folder_fails_before_the_sweep(tmp_path):
+    """A --json (--csv, --plot) path that cannot be written is reported at once,
+    not after a sweep of tens of minutes."""
+    missing = tmp_path / "no-such-folder" / "bench.json"
+    result = edgespec("bench", "--target", "qwen2.5-coder-1.5b-instruct", "--drafters", "lookup",
+                      "--json", missing)
+    assert_one_line_error(result, "--json", "does not exist")
