@@ -136,5 +136,5 @@ def auto_planner(target: Backend, drafter: Drafter | None, config=None):
     if models:
         drafter.min_confidence = config.draft_p_min
     path = calibration_path(target, models[0][1] if models else None)
-    return AdaptivePlanner(auto_drafters(drafter, PromptLookup(max_ngram=8)),
+    return AdaptivePlanner(auto_drafters(drafter, PromptLookup(max_ngram=8), config),
                            CostModel(prior_for(target, models)), config, save_costs_to=path)

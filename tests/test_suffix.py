@@ -5,7 +5,9 @@ import pytest
 
 from edgespec import Engine, SamplingParams
 from edgespec.backends.toy import ToyBackend
+from edgespec.drafters import DraftModel, PromptLookup
 from edgespec.drafters.suffix import SuffixDrafter
+from edgespec.policy import auto_drafters
 from exactness import SIGNIFICANCE, chi_square_pvalue, exact_distribution, sample_continuations
 
 GREEDY = SamplingParams(temperature=0)
@@ -118,3 +120,14 @@ def test_chat_reset_keeps_the_memory_unless_asked():
     assert suffix.remembered_tokens == 40
     session.reset(forget_memory=True)
     assert suffix.remembered_tokens == 0
+
+
+def test_in_auto_mode_the_suffix_drafter_takes_prompt_lookups_place():
+    """-d suffix with --num-draft auto is auto mode over the suffix drafter: it
+    drafts from the text as lookup does, so lookup asked first would leave it only
+    the rounds where lookup found nothing. A draft model is asked after lookup."""
+    suffix, lookup = SuffixDrafter(), PromptLookup(max_ngram=8)
+    assert auto_drafters(suffix, lookup) == [suffix]
+    assert auto_drafters(None, lookup) == [lookup]
+    model = DraftModel(ToyBackend.random(8, seed=1))
+    assert auto_drafters(model, lookup) == [lookup, model]

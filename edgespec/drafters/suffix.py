@@ -113,7 +113,8 @@ class SuffixDrafter:
                 rng: np.random.Generator) -> Draft:
         """The most likely continuation, as long as it stays likely enough."""
         self._follow(context)
-        tokens, draft, confidence, first_n = list(self._live), [], 1.0, 0
+        # Only the last max_ngram tokens are ever matched: copy those, not the context.
+        tokens, draft, confidence, first_n = self._live[-self.counts.max_ngram:], [], 1.0, 0
         while len(draft) < num_draft:
             found = self.counts.continuation(tokens, self.min_ngram)
             if found is None:
