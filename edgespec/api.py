@@ -10,7 +10,6 @@ from .drafters import DraftModel
 from .engine import Engine
 from .errors import EdgespecError
 from .loading import BackendOptions, auto_planner, load_backend, load_drafter
-from .policy import PolicyConfig
 
 
 def load(model: str | os.PathLike, draft: str | os.PathLike | None = None, backend: str = "auto", *,
@@ -53,14 +52,12 @@ def load(model: str | os.PathLike, draft: str | os.PathLike | None = None, backe
             n_gpu_layers=n_gpu_layers if draft_n_gpu_layers is None else draft_n_gpu_layers,
             rpc=draft_rpc or ())
         drafter = load_drafter(draft, draft_options)
+        if isinstance(drafter, DraftModel) and draft_p_min is not None:
+            drafter.min_confidence = draft_p_min  # the draft model's own stop, in every mode
         if num_draft != "auto":
-            if isinstance(drafter, DraftModel) and draft_p_min is not None:
-                drafter.min_confidence = draft_p_min
             return Engine(target, drafter, num_draft=num_draft)
         # A stop the user chose is kept; otherwise auto mode learns where to stop.
-        config = PolicyConfig(**({} if draft_p_min is None else
-                                 {"draft_p_min": draft_p_min, "learn_stop": False}))
-        return Engine(target, drafter, num_draft="auto", planner=auto_planner(target, drafter, config))
+        return Engine(target, drafter, num_draft="auto", planner=auto_planner(target, drafter))
     except BaseException:
         target.close()
         raise

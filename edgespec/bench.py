@@ -199,14 +199,10 @@ def _run_conversation(engine: Engine, target, mode: str, drafter, k: int, prior:
         # A fresh planner per conversation (a new process's first generation), starting
         # from the costs measured at the start of the sweep.
         policy = PolicyConfig()
-        if isinstance(drafter, DraftModel):
-            drafter.min_confidence = policy.draft_p_min
         planner = AdaptivePlanner(auto_drafters(drafter, cheap), CostModel(prior), policy)
         engine.configure(drafter, "auto", planner)
     elif mode == "fixed":
-        if isinstance(drafter, DraftModel):
-            drafter.min_confidence = 0.0
-        engine.configure(drafter, k)
+        engine.configure(drafter, k)  # no stop: auto mode gives its learned one back
     messages = []
     for user in turns:
         messages.append({"role": "user", "content": user})

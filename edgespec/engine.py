@@ -359,19 +359,15 @@ class Engine:
                         drafter.rewind(ctx)
 
     def _resync_caches(self) -> None:
-        """Where a model no longer holds what its cache lists, start that cache afresh.
+        """Where the target no longer holds what its cache lists, start that cache afresh.
 
         A model used outside the engine between generations (a pair's first cost
         calibration, from ``configure(..., "auto")`` or ``auto_planner``, runs passes
         on both models and leaves them empty) lost the context: decoding on from it
-        would answer another question.
+        would answer another question. A draft model checks its own in ``prefill``.
         """
         if self.target.n_past != len(self.target_cache.tokens):
             self.target_cache.rewind(0)
-        for drafter in self.active_drafters():
-            cache = getattr(drafter, "cache", None)
-            if cache is not None and cache.backend.n_past != len(cache.tokens):
-                drafter.reset()
 
     def _prefill(self, run: _Run) -> bool:
         """Evaluate the prompt but its last token into the target's cache, in

@@ -126,15 +126,17 @@ def auto_planner(target: Backend, drafter: Drafter | None, config=None):
     """Auto mode over prompt lookup and ``drafter``, starting from this pair's
     cached costs (a short calibration the first time), which it updates as it runs.
 
-    A draft model stops below the planner's ``draft_p_min`` top probability at
-    first; the planner then moves the stop (:class:`~edgespec.policy.StopRule`).
+    A draft model with a stop of its own (``min_confidence``: the user's
+    --draft-p-min) keeps it; otherwise it stops below the planner's
+    ``draft_p_min`` top probability at first, and the planner then moves the
+    stop (:class:`~edgespec.policy.StopRule`).
     """
     from .costs import CostModel, calibration_path, prior_for
     from .policy import AdaptivePlanner, PolicyConfig, auto_drafters
-    config = config or PolicyConfig()
     models = [(drafter.name, drafter.backend)] if isinstance(drafter, DraftModel) else []
-    if models:
-        drafter.min_confidence = config.draft_p_min
+    if config is None:
+        chosen = drafter.min_confidence if models else 0.0
+        config = PolicyConfig(draft_p_min=chosen, learn_stop=False) if chosen else PolicyConfig()
     path = calibration_path(target, models[0][1] if models else None)
     return AdaptivePlanner(auto_drafters(drafter, PromptLookup(max_ngram=8), config),
                            CostModel(prior_for(target, models)), config, save_costs_to=path)

@@ -326,6 +326,7 @@ class AdaptivePlanner:
         self.stop = StopRule(self.config)
         self.stop_at = self.config.draft_p_min  # where draft models stop (set before each ask)
         self._confidence: list[float] | None = None  # of the draft model's draft in flight
+        self._lent_stop: tuple[Drafter, float] | None = None  # a draft model's own stop, to give back
         self._state = {d.name: _DrafterState(retry_after=self.config.retry_after)
                        for d in self.drafters}
         self._asked: set[str] = set()  # drafters asked this round
@@ -382,9 +383,10 @@ class AdaptivePlanner:
             self._asked.add(drafter.name)
             if self.cost.c(drafter.name) < self.config.cheap_drafter:
                 return Proposal(drafter, limit)  # asking costs nothing: decide on the draft
-            if self._is_draft_model(drafter.name):  # where it stops
+            if self._is_draft_model(drafter.name):  # where it stops, for this ask only
                 token_cost = self.cost.c(drafter.name) + (self.cost.v(limit + 1) - self.cost.v(1)) / limit
                 alpha = self.tracker(drafter.name).alpha
+                self._lent_stop = (drafter, getattr(drafter, "min_confidence", 0.0))
                 drafter.min_confidence = self.stop_at = self.stop.threshold(
                     token_cost, alpha[0] if alpha else self.config.model_prior)
             k, probe = self._decide(drafter.name, drafter.name, limit)
@@ -394,6 +396,7 @@ class AdaptivePlanner:
         return None
 
     def review(self, report: DraftReport) -> Proposal | None:
+        self._give_back_stop()
         proposal, draft = report.proposal, report.draft
         name = proposal.drafter.name
         self._observe_draft_cost(name, report)
@@ -446,6 +449,7 @@ class AdaptivePlanner:
     def _end_round(self) -> None:
         """Forget the round in flight (also one that a cancel or an error cut short
         between review and observe: the next generation must not pay for it)."""
+        self._give_back_stop()
         self._asked.clear()
         self._caught_up.clear()
         self._verifying, self._confidence = None, None
@@ -453,6 +457,15 @@ class AdaptivePlanner:
         self._exploring = False
         for state in self._state.values():
             state.retrying = False
+
+    def _give_back_stop(self) -> None:
+        """Leave a draft model its own stop (none, or the user's --draft-p-min) once
+        it drafted: a fixed k set later (chat's /set num_draft) must not inherit the
+        stop auto mode learned."""
+        if self._lent_stop is not None:
+            drafter, stop = self._lent_stop
+            drafter.min_confidence = stop
+            self._lent_stop = None
 
     def _pay_exploration(self, result: RoundResult) -> None:
         """Earn this round's share of the budget; charge it what a try lost (in plain

@@ -96,7 +96,6 @@ def main() -> int:
                 if mode == "auto":  # a fresh planner per prompt: a new process's first run
                     engine.configure(draft_model, "auto", auto_planner(target, draft_model))
                 elif mode != "plain":
-                    draft_model.min_confidence = 0.0
                     engine.configure(drafters[mode], args.num_draft)
                 drafters["suffix"].forget()  # no memory of the other prompts
                 g = engine.generate(prompt_ids, params, max_tokens=args.max_tokens,

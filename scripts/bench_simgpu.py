@@ -74,7 +74,6 @@ def main() -> None:
 
         plain = statistics.median(speed(False)[0] for _ in range(args.repeats))
         results = {}
-        drafter.min_confidence = 0.0
         for k in (2, 4):
             engine.configure(drafter, k)
             runs = [speed() for _ in range(args.repeats)]
@@ -84,7 +83,6 @@ def main() -> None:
             results[k] = tps / plain
             print(f"{'draft k=' + str(k):<16}{temperature:>5g}{tps / plain:>10.3f}{predicted:>11.3f}"
                   f"{tps / plain / predicted:>15.3f}{stats.acceptance_rate:>12.2f}")
-        drafter.min_confidence = config.draft_p_min
         runs = []
         for _ in range(args.repeats):  # a fresh planner each run, as a new process would have
             planner = AdaptivePlanner(auto_drafters(drafter, PromptLookup(max_ngram=8)),

@@ -6,7 +6,7 @@ import pytest
 from edgespec import DraftModel, EdgespecError, Engine, PromptLookup, SamplingParams
 from edgespec.backends.llamacpp import LlamaCppBackend
 from edgespec.costs import CostModel
-from edgespec.policy import AdaptivePlanner, PolicyConfig, auto_drafters
+from edgespec.policy import AdaptivePlanner, auto_drafters
 from edgespec.prompting import chat_prompt_ids
 from exactness import SIGNIFICANCE, chi_square_pvalue, exact_distribution, sample_continuations
 from greedy import assert_equal_up_to_a_near_tie
@@ -100,7 +100,6 @@ def test_greedy_speculative_equals_plain_on_smollm2(smollm2_path, smollm2_q2k_pa
     draft = PromptLookup() if drafter == "lookup" else \
         DraftModel(LlamaCppBackend(smollm2_q2k_path, n_ctx=1024), min_confidence=0.8)
     if drafter == "auto":  # both drafters on offer, as edgespec.load sets it up
-        draft.min_confidence = PolicyConfig().draft_p_min
         planner = AdaptivePlanner(auto_drafters(draft, PromptLookup(max_ngram=8)), PinnedCosts())
         engine = Engine(target, draft, num_draft="auto", planner=planner)
     else:

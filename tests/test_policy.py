@@ -525,3 +525,30 @@ def test_closing_after_leaving_auto_mode_keeps_the_costs_it_measured(tmp_path):
     engine.generate([0, 1, 2], GREEDY, max_tokens=8)
     engine.close()
     assert path.exists() and "v" in json.loads(path.read_text())
+
+
+def test_a_fixed_k_set_after_auto_mode_drafts_without_auto_modes_stop():
+    """Auto mode sets a draft model's stop for each ask and gives the model its own
+    back (none here), so a fixed k set afterwards (chat's /set num_draft 4, a
+    server request's k) drafts k tokens a round, as fixed k does from the start."""
+    clock = SimClock()
+    target, drafter = timed_pair(batch_grows=0.05, drafter_cost=0.1, noise=0.5, clock=clock)
+    engine = auto_engine(target, drafter, clock, true_prior(0.05, 0.1))
+    auto = engine.generate([0, 1, 2], GREEDY, max_tokens=40)
+    assert auto.stats.rounds_per_drafter.get("toy-draft", 0) > 0  # auto asked the model
+    assert drafter.min_confidence == 0.0
+    engine.configure(drafter, 4)
+    fixed = engine.generate([0, 1, 2], GREEDY, max_tokens=40)
+    assert fixed.stats.rounds > 3
+    assert fixed.stats.drafted_per_position[3] >= fixed.stats.rounds - 1  # all but the last: 4
+
+
+def test_auto_mode_keeps_a_stop_the_user_chose(tmp_path, monkeypatch):
+    """A draft model given a stop (--draft-p-min) keeps it in auto mode, which
+    otherwise learns where to stop."""
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    target, drafter = timed_pair(batch_grows=0.1, drafter_cost=0.1, noise=0.3, clock=SimClock())
+    assert auto_planner(target, drafter).config.learn_stop
+    drafter.min_confidence = 0.4
+    config = auto_planner(target, drafter).config
+    assert not config.learn_stop and config.draft_p_min == 0.4

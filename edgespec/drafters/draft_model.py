@@ -57,6 +57,8 @@ class DraftModel:
         to 128 more) cannot be read past it: the model then drafts nothing for the
         rest of that context, and decoding goes on without it.
         """
+        if self.backend.n_past != len(self.cache.tokens):
+            self.reset()  # the model ran outside this cache (a cost calibration): start afresh
         if self._next_logits is not None and len(self.cache.tokens) == len(context) \
                 and common_prefix_length(self.cache.tokens, context) == len(context):
             return 0
