@@ -386,6 +386,7 @@ class AdaptivePlanner:
             if self._is_draft_model(drafter.name):  # where it stops, for this ask only
                 token_cost = self.cost.c(drafter.name) + (self.cost.v(limit + 1) - self.cost.v(1)) / limit
                 alpha = self.tracker(drafter.name).alpha
+                self._give_back_stop()  # a second draft model asked this round: the first's first
                 self._lent_stop = (drafter, getattr(drafter, "min_confidence", 0.0))
                 drafter.min_confidence = self.stop_at = self.stop.threshold(
                     token_cost, alpha[0] if alpha else self.config.model_prior)
