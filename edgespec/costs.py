@@ -60,15 +60,19 @@ class _Samples:
     def __init__(self) -> None:
         self.values: deque[float] = deque(maxlen=WINDOW)
         self.last_tick = -1  # the CostModel's clock at the newest sample
+        self._estimate: float | None = None  # of the values as they are (the planner asks often)
 
     def add(self, value: float, tick: int) -> None:
         if value >= 0:
             self.values.append(value)
             self.last_tick = tick
+            self._estimate = None
 
     def estimate(self) -> float | None:
         """The typical sample (see :func:`_typical`); None before the first."""
-        return _typical(self.values) if self.values else None
+        if self._estimate is None and self.values:
+            self._estimate = _typical(self.values)
+        return self._estimate
 
 
 def _typical(values) -> float:
@@ -93,6 +97,7 @@ class CostModel:
         self._target: dict[int, _Samples] = {}
         self._step: dict[str, _Samples] = {}
         self._v_table: dict[int, float] | None = None
+        self._c_table: dict[str, float] = {}  # c(name) since the last sample
         self._measured_v: dict[int, float] | None = None  # in-run v(m) at measured sizes
         self.tick = 0  # target passes observed: the clock that ages samples
 
@@ -103,11 +108,13 @@ class CostModel:
         self.tick += 1
         self._target.setdefault(num_tokens, _Samples()).add(seconds, self.tick)
         self._v_table = self._measured_v = None
+        self._c_table.clear()  # a plain step moves every ratio
 
     def observe_draft(self, name: str, steps: int, seconds: float) -> None:
         """``steps`` drafter steps took ``seconds``."""
         if steps > 0:
             self._step.setdefault(name, _Samples()).add(seconds / steps, self.tick)
+            self._c_table.pop(name, None)
 
     @property
     def step_seconds(self) -> float | None:
@@ -223,6 +230,11 @@ class CostModel:
 
     def c(self, name: str) -> float:
         """Time of one drafter step / time of one plain step."""
+        if name not in self._c_table:  # (the planner asks many times a round)
+            self._c_table[name] = self._estimate_c(name)
+        return self._c_table[name]
+
+    def _estimate_c(self, name: str) -> float:
         step, own = self.step_seconds, self._step.get(name)
         prior = self.prior_c.get(name)
         if step and own and own.values:

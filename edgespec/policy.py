@@ -315,12 +315,14 @@ class AdaptivePlanner:
         self.save_costs_to = save_costs_to  # where close() keeps this run's costs
         self.config = config or PolicyConfig()
         self.max_draft = self.config.max_draft
-        self.wants_confidence = True  # the target's confidence: the draft model's offer prior
+        # The target's confidence is a draft model's offer prior: over a 150k vocabulary
+        # it costs a pass per committed token, so it is asked for only with one on offer.
+        self.wants_confidence = any(self._is_draft_model(d.name) for d in self.drafters)
         self.trackers: dict[str, AcceptanceTracker] = {}
         # How often the target is itself confident (top probability at least the draft
-        # model's threshold) about the tokens it commits: known for every token at no
-        # cost, and close to how often the draft model offers a token at all, so it is
-        # that rate's prior (a draft model is not asked over and over in hard text).
+        # model's threshold) about the tokens it commits: known for every token it
+        # commits, and close to how often the draft model offers a token at all, so it
+        # is that rate's prior (a draft model is not asked over and over in hard text).
         self.confidence = _Rates(self.config.confidence_prior, self.config.confidence_weight,
                                  self.config.confidence_decay)
         self.stop = StopRule(self.config)
@@ -507,7 +509,7 @@ class AdaptivePlanner:
             return 0, 1.0
         v = [0.0] + [self.cost.v(n) for n in range(1, k_max + 2)]
         speeds = tracker.expected_speeds(k_max, c, v.__getitem__, overhead, optimism)
-        k = int(np.argmax(speeds)) + 1
+        k = max(range(k_max), key=speeds.__getitem__) + 1  # the first best, as np.argmax (cheaper on a list)
         return k, speeds[k - 1]
 
     def _better_later(self, speed: float) -> bool:

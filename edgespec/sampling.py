@@ -241,10 +241,17 @@ class Scratch:
         return self._buffer[:count]
 
 
-def top_probability(logits: np.ndarray) -> np.ndarray:
-    """The largest softmax probability of each row of ``logits [..., V]`` (at
-    temperature 0, the confidence a draft model's stop threshold is tested on)."""
-    shifted = logits - logits.max(-1, keepdims=True)
+def top_probability(logits: np.ndarray, scratch: Scratch | None = None) -> np.ndarray:
+    """The largest softmax probability of each row of ``logits [n, V]`` (at
+    temperature 0, the confidence a draft model's stop threshold is tested on).
+    ``scratch``: where to compute (auto mode asks this of every plain step: a
+    fresh array over the vocabulary each time cost more than the arithmetic)."""
+    logits = np.asarray(logits)
+    if scratch is None or logits.ndim != 2:
+        shifted = logits - logits.max(-1, keepdims=True)
+    else:
+        shifted = np.subtract(logits, logits.max(-1, keepdims=True),
+                              out=scratch.rows(*logits.shape))
     np.exp(shifted, out=shifted)  # in place: one temporary over the vocabulary, not two
     return 1.0 / shifted.sum(-1)
 

@@ -184,7 +184,7 @@ def verify_round(logits, draft_token_ids: Sequence[int], draft_probs, params: Sa
     if params.greedy:
         verdict = greedy_verify(np.argmax(logits, axis=-1), draft_token_ids)
         rows = logits[:verdict.num_accepted + 1] if confidence else logits[:0]
-        return verdict, top_probability(rows)
+        return verdict, top_probability(rows, scratch)
     target_probs = ProbRows(logits, params, scratch)  # [n, V], rows computed as read
     verdict = rejection_sample(target_probs, draft_token_ids, draft_probs, rng, draft_scales=draft_scales)
     return verdict, target_probs.top(verdict.num_accepted + 1 if confidence else 0)

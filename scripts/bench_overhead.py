@@ -20,11 +20,17 @@ import pstats
 import statistics
 
 from edgespec.backends.table import TableBackend
+from edgespec.costs import CostModel
 from edgespec.drafters import DraftModel, PromptLookup
 from edgespec.engine import Engine
+from edgespec.policy import AdaptivePlanner, auto_drafters
 from edgespec.sampling import SamplingParams
 
 QWEN_VOCAB = 151_936
+# Costs where speculation hardly ever pays (two EPYC cores: verify passes and the draft
+# model dear), so that the auto row is mostly what auto mode adds to a plain step.
+DEAR = {"v": {"2": 1.63, "3": 2.34, "4": 2.84, "5": 3.39, "8": 4.81, "9": 4.95},
+        "c": {"table-draft": 0.68}}
 
 
 def cpu_name() -> str:
@@ -40,6 +46,11 @@ def cpu_name() -> str:
 def make_engine(mode: str, target: TableBackend, draft: TableBackend, k: int) -> Engine:
     if mode == "plain":
         return Engine(target, None, num_draft=1)
+    if mode == "auto":
+        engine, drafter = Engine(target, None, num_draft=1), DraftModel(draft)
+        engine.configure(drafter, "auto", AdaptivePlanner(auto_drafters(drafter, PromptLookup()),
+                                                           CostModel(DEAR)))
+        return engine
     drafter = DraftModel(draft) if mode == "draft" else PromptLookup()
     return Engine(target, drafter, num_draft=k)
 
@@ -60,7 +71,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=5, help="runs per cell (the median is shown)")
     parser.add_argument("--noise", type=float, default=2.0, help="the drafter's logit noise")
-    parser.add_argument("--profile", choices=["plain", "draft", "lookup"],
+    parser.add_argument("--profile", choices=["plain", "draft", "lookup", "auto"],
                         help="profile one mode instead and print where its time goes")
     parser.add_argument("--temp", type=float, default=0.7, help="temperature for --profile")
     args = parser.parse_args()
@@ -83,7 +94,7 @@ def main() -> None:
     print(f"CPU: {cpu_name()} ({platform.machine()}); vocabulary {args.vocab}; "
           f"{args.tokens} tokens; k = {args.k}; median of {args.repeats} runs")
     print(f"{'mode':<22}{'T = 0':>12}{'T = 0.7':>12}   acceptance (T = 0 / 0.7)")
-    for mode in ("plain", "draft", "lookup"):
+    for mode in ("plain", "draft", "lookup", "auto"):
         cells, rates = [], []
         for temperature in (0.0, 0.7):
             engine = make_engine(mode, target, draft, args.k)
@@ -92,7 +103,8 @@ def main() -> None:
                     for _ in range(args.repeats)]
             cells.append(statistics.median(ms for ms, _ in runs))
             rates.append(runs[0][1])
-        label = "plain" if mode == "plain" else f"{'draft model' if mode == 'draft' else 'prompt lookup'}, k = {args.k}"
+        label = {"plain": "plain", "draft": f"draft model, k = {args.k}",
+                 "lookup": f"prompt lookup, k = {args.k}", "auto": "auto (dear costs)"}[mode]
         rate = "" if mode == "plain" else f"   {rates[0]:.2f} / {rates[1]:.2f}"
         print(f"{label:<22}{cells[0]:>9.3f} ms{cells[1]:>9.3f} ms{rate}")
 

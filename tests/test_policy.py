@@ -357,6 +357,27 @@ def test_the_targets_own_confidence_is_the_prior_of_the_draft_models_offers():
     assert unsure.plan([0], 8) is None
 
 
+def test_the_targets_confidence_is_computed_only_for_a_draft_model_on_offer():
+    # It costs a pass over the vocabulary per committed token, and only a draft
+    # model's offer rate uses it.
+    target = ToyBackend.random(16, seed=2)
+    observed = []
+
+    class Recording(AdaptivePlanner):
+        def observe(self, result):
+            observed.append(len(result.target_top_probs))
+            super().observe(result)
+
+    for drafters, wants in (([PromptLookup()], False),
+                            ([PromptLookup(), DraftModel(target.perturbed(noise=0.5, seed=3))], True)):
+        observed.clear()
+        engine = Engine(target, None, num_draft=1)
+        engine.configure(drafters[-1], "auto", Recording(drafters, CostModel()))
+        engine.generate([1, 2, 3], SamplingParams(temperature=0.0), max_tokens=12)
+        assert engine.planner.wants_confidence is wants
+        assert observed and all(n > 0 for n in observed) is wants and any(observed) is wants
+
+
 def test_auto_does_not_ask_a_draft_model_where_the_target_is_unsure_too():
     clock = SimClock()
     target = ToyBackend.random(12, seed=5, scale=0.2, clock=clock, step_seconds=STEP,
