@@ -84,7 +84,7 @@ class SuffixDrafter:
 
     name = "suffix"
 
-    def __init__(self, *, max_ngram: int = 6, min_ngram: int = 2, min_confidence: float = 0.3,
+    def __init__(self, *, max_ngram: int = 8, min_ngram: int = 2, min_confidence: float = 0.3,
                  memory_tokens: int = 16384):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
