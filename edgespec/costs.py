@@ -97,7 +97,6 @@ class CostModel:
         self._target: dict[int, _Samples] = {}
         self._step: dict[str, _Samples] = {}
         self._v_table: dict[int, float] | None = None
-        self._c_table: dict[str, float] = {}  # c(name) since the last sample
         self._measured_v: dict[int, float] | None = None  # in-run v(m) at measured sizes
         self.tick = 0  # target passes observed: the clock that ages samples
 
@@ -108,13 +107,11 @@ class CostModel:
         self.tick += 1
         self._target.setdefault(num_tokens, _Samples()).add(seconds, self.tick)
         self._v_table = self._measured_v = None
-        self._c_table.clear()  # a plain step moves every ratio
 
     def observe_draft(self, name: str, steps: int, seconds: float) -> None:
         """``steps`` drafter steps took ``seconds``."""
         if steps > 0:
             self._step.setdefault(name, _Samples()).add(seconds / steps, self.tick)
-            self._c_table.pop(name, None)
 
     @property
     def step_seconds(self) -> float | None:
@@ -230,11 +227,6 @@ class CostModel:
 
     def c(self, name: str) -> float:
         """Time of one drafter step / time of one plain step."""
-        if name not in self._c_table:  # (the planner asks many times a round)
-            self._c_table[name] = self._estimate_c(name)
-        return self._c_table[name]
-
-    def _estimate_c(self, name: str) -> float:
         step, own = self.step_seconds, self._step.get(name)
         prior = self.prior_c.get(name)
         if step and own and own.values:

@@ -246,7 +246,6 @@ def top_probability(logits: np.ndarray, scratch: Scratch | None = None) -> np.nd
     temperature 0, the confidence a draft model's stop threshold is tested on).
     ``scratch``: where to compute (auto mode asks this of every plain step: a
     fresh array over the vocabulary each time cost more than the arithmetic)."""
-    logits = np.asarray(logits)
     if scratch is None or logits.ndim != 2:
         shifted = logits - logits.max(-1, keepdims=True)
     else:
