@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 
@@ -92,7 +91,7 @@ def main() -> None:
         cells = []
         for k in keys:
             values = [r[k] for r in rows]
-            geo = math.exp(statistics.mean(math.log(x) for x in values))
+            geo = statistics.geometric_mean(values)
             cells.append(f"{geo:.3f} ({min(values):.2f}-{max(values):.2f})")
         print(f"{set_name:16s} {len(rows):3d} " + " ".join(f"{c:>22s}" for c in cells))
     print("copy: a copying drafter that always knows the right copy; any: a drafter that knows the\n"

@@ -1,6 +1,9 @@
 """The ceiling: the copy runs, the cheapest schedule, and the engine measuring it."""
 
+import json
+
 import pytest
+from run_script import run_script
 
 from edgespec import Engine, PromptLookup, SamplingParams
 from edgespec.backends.toy import SimClock, ToyBackend
@@ -84,20 +87,9 @@ def test_a_scheduled_drafter_stops_drafting_once_the_text_parts_from_its_reply()
 
 def test_the_script_on_a_real_model_drafts_the_reply_it_decoded(smollm2_path, tmp_path):
     """scripts/ceiling.py end to end on SmolLM2 (llama.cpp): its figures hang together."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).parent.parent
     out = tmp_path / "ceiling.json"
-    done = subprocess.run(
-        [sys.executable, str(root / "scripts" / "ceiling.py"), "--target", str(smollm2_path),
-         "--prompts", "edit", "--prompts-per-set", "1", "--max-tokens", "24", "--max-draft", "3",
-         "--measure", "--json", str(out)],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(root)})
-    assert done.returncode == 0, done.stderr
+    run_script("ceiling.py", "--target", str(smollm2_path), "--prompts", "edit", "--prompts-per-set", "1",
+               "--max-tokens", "24", "--max-draft", "3", "--measure", "--json", str(out))
     result = json.loads(out.read_text())
     assert sorted(int(n) for n in result["v"]) == [1, 2, 3, 4]
     [row] = result["prompts"]

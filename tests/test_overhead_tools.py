@@ -1,10 +1,5 @@
 """The table backend, the simulated GPU and the two benchmarks built on them."""
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -13,8 +8,7 @@ from edgespec.backends.table import TableBackend
 from edgespec.drafters import DraftModel
 from edgespec.engine import Engine
 from edgespec.sampling import SamplingParams
-
-SCRIPTS = Path(__file__).parent.parent / "scripts"
+from run_script import run_script
 
 
 def test_table_backend_rows_follow_positions_and_rewind():
@@ -55,17 +49,8 @@ def test_greedy_speculation_on_the_simulated_gpu_writes_plain_output_faster():
     assert spec.stats.tokens_per_second > 1.5 * plain.stats.tokens_per_second
 
 
-def _run(script: str, *args: str) -> str:
-    # This checkout's edgespec, whatever an editable install elsewhere points at.
-    env = {**os.environ, "PYTHONPATH": str(SCRIPTS.parent)}
-    done = subprocess.run([sys.executable, str(SCRIPTS / script), *args], capture_output=True,
-                          text=True, timeout=300, env=env)
-    assert done.returncode == 0, done.stderr
-    return done.stdout
-
-
 def test_bench_overhead_prints_a_row_per_mode():
-    out = _run("bench_overhead.py", "--vocab", "4096", "--tokens", "40", "--repeats", "1")
+    out = run_script("bench_overhead.py", "--vocab", "4096", "--tokens", "40", "--repeats", "1")
     rows = {line.split("  ")[0].strip(): line for line in out.splitlines()
             if line.startswith(("plain", "draft model", "prompt lookup"))}
     assert set(rows) == {"plain", "draft model, k = 4", "prompt lookup, k = 4"}
@@ -74,7 +59,7 @@ def test_bench_overhead_prints_a_row_per_mode():
 
 
 def test_bench_simgpu_achieves_what_the_speed_model_predicts_less_host_work():
-    out = _run("bench_simgpu.py", "--vocab", "4096", "--tokens", "96", "--repeats", "1")
+    out = run_script("bench_simgpu.py", "--vocab", "4096", "--tokens", "96", "--repeats", "1")
     fixed = [line.split() for line in out.splitlines() if line.startswith("draft k=")]
     assert len(fixed) == 4  # k = 2, 4 at T = 0, 0.7
     for cells in fixed:
