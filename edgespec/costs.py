@@ -97,7 +97,7 @@ class CostModel:
         self._target: dict[int, _Samples] = {}
         self._step: dict[str, _Samples] = {}
         self._v_table: dict[int, float] | None = None
-        self._measured_v: dict[int, float] | None = None  # in-run v(m) at measured sizes
+        self._points: dict[int, float] | None = None  # v(m) at every size known (_known_v)
         self.tick = 0  # target passes observed: the clock that ages samples
 
     # -- measurements ------------------------------------------------------------------
@@ -106,7 +106,7 @@ class CostModel:
         """A target pass over ``num_tokens`` tokens (verify included) took ``seconds``."""
         self.tick += 1
         self._target.setdefault(num_tokens, _Samples()).add(seconds, self.tick)
-        self._v_table = self._measured_v = None
+        self._v_table = self._points = None
 
     def observe_draft(self, name: str, steps: int, seconds: float) -> None:
         """``steps`` drafter steps took ``seconds``."""
@@ -155,29 +155,54 @@ class CostModel:
         return self._v_table[n]
 
     def _estimate_v(self, n: int) -> float:
-        if self._measured_v is None:  # this run's ratios, once per new sample (not per n)
-            self._measured_v = self._timed_v()
-        measured = self._measured_v
-        points = {1: 1.0, **(measured or self.prior_v)}
-        if n in measured:
-            ratio = measured[n]
-        elif len(points) > 1:
-            ratio = self._between(n, points)
-        else:
-            ratio = float(n)  # nothing known: assume no batching gain at all
-        if n in points or n in self.prior_v:
-            # A size timed here or in the prior stands as timed (or scaled along the
-            # prior's shape), within v(n/2) <= v(n) <= n, even below a slightly shorter
-            # one: llama.cpp's repacked CPU kernels multiply rows in groups of 4, so a
-            # 4-token pass can cost less than a 3-token one, though never less than one
-            # of half as many tokens.
-            return _clamp(ratio, self.v(n // 2) if n >= 4 else 1.0, float(n))
-        # Otherwise a longer pass is taken to cost no less than a shorter one. Past the
-        # largest known size the estimate grows with n by construction, so the floor is
-        # the value there (a catch-up over a hundred tokens does not build a table of a
-        # hundred entries).
-        floor = self.v(min(n - 1, max([*points, *self.prior_v]))) if n > 2 else 1.0
+        if self._points is None:  # once per new sample (not per n)
+            self._points = self._known_v()
+        points = self._points
+        if n in points:
+            # A size timed here or in the prior stands as timed (or scaled to this run's
+            # level), within v(n/2) <= v(n) <= n, even below a slightly shorter one:
+            # llama.cpp's repacked CPU kernels multiply rows in groups of 4, so a 4-token
+            # pass can cost less than a 3-token one, though never less than one of half
+            # as many tokens.
+            return _clamp(points[n], self.v(n // 2) if n >= 4 else 1.0, float(n))
+        ratio = self._between(n, points) if len(points) > 1 else float(n)  # (nothing known:
+        # assume no batching gain at all.) Otherwise a longer pass is taken to cost no
+        # less than a shorter one. Past the largest known size the estimate grows with n by
+        # construction, so the floor is the value there (a catch-up over a hundred tokens
+        # does not build a table of a hundred entries).
+        floor = self.v(min(n - 1, max(points))) if n > 2 else 1.0
         return _clamp(ratio, floor, float(n))
+
+    def _known_v(self) -> dict[int, float]:
+        """v at every size known: what this run timed (:meth:`_timed_v`), and the
+        prior's other sizes at this run's level near them. That level is what the
+        sizes this run timed say of the prior there, interpolated between the nearest
+        such sizes below and above (the nearest one, past them; none: the prior as it
+        is), so the prior's shape survives (the saw-tooth of repacked kernels) and one
+        noisy short pass does not move the long ones as a line through it would (from
+        v(2) = 1.8 where the prior has 1.54, such a line made 5-token passes cost 4.2
+        steps instead of ~3, and auto mode stopped drafting for the rest of a generation)."""
+        measured = self._timed_v()
+        anchors = sorted(m for m in measured if m in self.prior_v)
+        scale = {m: measured[m] / self.prior_v[m] for m in anchors}
+        points = {1: 1.0}
+        for m, ratio in self.prior_v.items():
+            below = [a for a in anchors if a <= m]
+            above = [a for a in anchors if a >= m]
+            if below and above and below[-1] != above[0]:
+                lo, hi = below[-1], above[0]
+                level = scale[lo] + (m - lo) / (hi - lo) * (scale[hi] - scale[lo])
+            elif below and not above and self.prior_v[below[-1]] <= 1.0:
+                # A prior that claims batching is free has no shape to scale: past what
+                # this run timed, the line through (1, 1) and the largest size it timed.
+                top = below[-1]
+                points[m] = 1.0 + (measured[top] - 1.0) / (top - 1) * (m - 1)
+                continue
+            else:
+                level = scale[below[-1]] if below else scale[above[0]] if above else 1.0
+            points[m] = ratio * level
+        points.update(measured)
+        return points
 
     def _timed_v(self) -> dict[int, float]:
         """v(m) at the sizes this run timed: a size's own median once it was timed
@@ -197,32 +222,17 @@ class CostModel:
         return {m: self.prior_v[m] * level if m in self.prior_v and len(values) < TRUSTED_SAMPLES
                 else _typical(values) / step for m, values in timed.items()}
 
-    def _between(self, n: int, points: dict[int, float]) -> float:
-        """v(n) from known ``points``: between two, along the prior's shape where
-        the prior knows all three sizes (scaled to meet both points: it keeps the
-        saw-tooth of repacked kernels), else linearly; past the largest, along the
-        prior's shape scaled to meet it, else on the line through (1, 1) and it."""
+    @staticmethod
+    def _between(n: int, points: dict[int, float]) -> float:
+        """v(n) from known ``points`` (n not among them): on the line between the two
+        nearest; past the largest, on the line through (1, 1) and it."""
         sizes = sorted(points)
         below = max(s for s in sizes if s <= n)
         above = [s for s in sizes if s >= n]
         if above:
             hi = above[0]
-            if hi == below:
-                return points[hi]
-            weight = (n - below) / (hi - below)
-            prior = {1: 1.0, **self.prior_v}
-            if n in prior and below in prior and hi in prior:
-                scale_below, scale_hi = points[below] / prior[below], points[hi] / prior[hi]
-                return prior[n] * (scale_below + weight * (scale_hi - scale_below))
-            return points[below] + weight * (points[hi] - points[below])
+            return points[below] + (n - below) / (hi - below) * (points[hi] - points[below])
         top = sizes[-1]
-        prior_n, prior_top = self.prior_v.get(n), self.prior_v.get(top)
-        if prior_n and prior_top and prior_top > 1.0 and top > 1:
-            # The prior's shape at this run's level. Not the line through (1, 1) and the
-            # largest size timed: from one noisy short pass (v(2) = 1.8 where the prior
-            # has 1.54) that line made 5-token passes cost 4.2 steps instead of ~3, and
-            # auto mode stopped drafting for the rest of a generation.
-            return prior_n * points[top] / prior_top
         return 1.0 + (points[top] - 1.0) / (top - 1) * (n - 1) if top > 1 else float(n)
 
     def c(self, name: str) -> float:

@@ -371,19 +371,41 @@ class Engine:
 
     def _prefill(self, run: _Run) -> bool:
         """Evaluate the prompt but its last token into the target's cache, in
-        chunks between which a cancel is seen; False if cancelled."""
+        chunks between which a cancel is seen; False if cancelled.
+
+        Where the planner wants pass sizes timed and the prompt's new part is long
+        (at least twice their sum), its last tokens go in passes of those sizes, each
+        timed as a round's pass is (every row's logits, verified greedily)."""
         prompt = run.context[:-1]
         done = common_prefix_length(self.target_cache.tokens, prompt)
-        while True:
+        sizes = list(self.planner.timing_wanted()) if run.speculative else []
+        if 2 * sum(sizes) > len(prompt) - done:
+            sizes = []
+        end = len(prompt) - sum(sizes)
+        while done < end:
             if run.cancelled.is_set():
                 run.finish_reason = "cancelled"
                 return False
-            done = min(done + PREFILL_CHUNK, len(prompt))
+            done = min(done + PREFILL_CHUNK, end)
             _, evaluated = self.target_cache.sync(prompt[:done], need_logits=False)
             run.stats.prompt_eval_tokens += evaluated
-            if done == len(prompt):
-                run.stats.prompt_eval_tokens += 1  # the last prompt token, with the first drafts
-                return True
+        for n in sizes:
+            if run.cancelled.is_set():
+                run.finish_reason = "cancelled"
+                return False
+            self.planner.observe_pass(n, self._timed_pass(prompt[done:done + n]))
+            done += n
+            run.stats.prompt_eval_tokens += n
+        run.stats.prompt_eval_tokens += 1  # the last prompt token, with the first drafts
+        return True
+
+    def _timed_pass(self, tokens: list[int]) -> float:
+        """Seconds for a pass over ``tokens`` and a greedy verification of its rows (as
+        if all but the first had been drafted): what a round's pass costs."""
+        start = self._clock()
+        logits = self.target_cache.forward(tokens, on_device=self._on_device)
+        verify_round(logits, tokens[1:], None, _GREEDY, None, confidence=False, scratch=self._scratch)
+        return self._clock() - start
 
     def _round(self, run: _Run) -> list[tuple[int, bool]]:
         """One target pass over the pending token and a draft (if any); returns
@@ -440,6 +462,7 @@ class Engine:
 
 
 _SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "seed")
+_GREEDY = SamplingParams(temperature=0)
 
 
 def _sampling_from(params: SamplingParams | None, options: dict) -> tuple[SamplingParams, dict]:

@@ -94,6 +94,14 @@ class Planner(Protocol):
     def close(self) -> None:
         """The engine is closing: keep what is worth keeping (e.g. measured costs)."""
 
+    def timing_wanted(self) -> Sequence[int]:
+        """Pass sizes whose cost the planner would like timed while the engine
+        evaluates a long prompt (the prompt's last tokens, in passes of these sizes,
+        with every row's logits and a verification, as a round's pass); empty for none."""
+
+    def observe_pass(self, num_tokens: int, seconds: float) -> None:
+        """A pass over ``num_tokens`` tokens timed for :meth:`timing_wanted` took ``seconds``."""
+
 
 class FixedPlanner:
     """Always the same drafter and k (or plain decoding without a drafter)."""
@@ -130,4 +138,10 @@ class FixedPlanner:
         self._asked = False
 
     def close(self) -> None:
+        pass
+
+    def timing_wanted(self) -> Sequence[int]:
+        return ()
+
+    def observe_pass(self, num_tokens: int, seconds: float) -> None:
         pass

@@ -54,7 +54,7 @@ class PolicyConfig:
     """The tunables of auto mode (tuned on the built-in tuning prompt sets with
     ``scripts/policy_sim.py``, then measured with ``edgespec bench``)."""
 
-    max_draft: int = 8            # the longest draft auto mode proposes
+    max_draft: int = 64           # the longest draft auto mode proposes
     draft_p_min: float = 0.7      # a draft model stops below this top probability ...
     learn_stop: bool = True       # ... at first: auto mode learns where drafting stops paying
     stop_prior_weight: float = 6.0  # pseudo-observations behind a confidence bin's α (its midpoint)
@@ -71,13 +71,16 @@ class PolicyConfig:
     confidence_prior: float = 0.4  # the target's confidence before any token
     confidence_weight: float = 2.0
     confidence_decay: float = 0.95  # the target's confidence changes with the text: follow it
-    # α before evidence, by drafter and kind of draft. Prompt lookup: a 2-token match is
-    # often a coincidence, an 8-token one usually a copy in progress.
-    # The suffix drafter classes its drafts by their empirical probability and first
-    # match (edgespec.drafters.suffix.confidence_bucket); its priors are not tuned yet.
+    # α before evidence, by drafter and kind of draft. A copy (prompt lookup, and the
+    # suffix drafter where the context holds the longest match) is classed by how far
+    # back its match reaches: 2 tokens is often a coincidence, 16 or more a copy in
+    # progress. The suffix drafter's other drafts are classed by their empirical
+    # probability and first match (edgespec.drafters.suffix.confidence_bucket).
     priors: dict[str, float] = field(default_factory=lambda: {
-        "lookup": 0.5, "lookup:match2": 0.3, "lookup:match3": 0.4,
-        "lookup:match4": 0.6, "lookup:match8": 0.8,
+        **{f"{name}:{bucket}": alpha for name in ("lookup", "suffix") for bucket, alpha in (
+            ("match2", 0.3), ("match3", 0.4), ("match4", 0.6), ("match8", 0.8),
+            ("match16", 0.85), ("match32", 0.9))},
+        "lookup": 0.5,
         "suffix": 0.5, "suffix:maybe": 0.3, "suffix:maybe-long": 0.4, "suffix:likely": 0.4,
         "suffix:likely-long": 0.5, "suffix:sure": 0.6, "suffix:sure-long": 0.8})
     # A draft that continues a copy is accepted whole or cut at one point: the α of the
@@ -484,6 +487,16 @@ class AdaptivePlanner:
             spent = self.cost.v(result.target_tokens) + self._draft_cost
             self.exploration -= spent - result.num_committed
         self.exploration = min(self.exploration, cfg.explore_cap)
+
+    def timing_wanted(self) -> Sequence[int]:
+        """The long pass sizes (16, 32, 64 tokens, as far as the longest draft needs) this
+        run has not timed: the calibration times only short ones, and what a longer pass
+        costs cannot be told from them (on one CPU v(16) ~ v(9), on another ~ 2 v(9))."""
+        timed = set(self.cost.measured_sizes())
+        return tuple(n for n in (64, 32, 16) if n <= self.max_draft + 1 and n not in timed)
+
+    def observe_pass(self, num_tokens: int, seconds: float) -> None:
+        self.cost.observe_target(num_tokens, seconds)
 
     def close(self) -> None:
         """Keep this run's measured costs as the next run's prior (only if it measured)."""

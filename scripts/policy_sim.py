@@ -37,25 +37,29 @@ from dataclasses import fields, replace
 
 import numpy as np
 
-from edgespec.costs import CostModel, calibrate
+from edgespec.ceiling import ceiling, copy_lengths
+from edgespec.costs import CALIBRATION_SIZES, CostModel, calibrate
 from edgespec.drafters import Draft, PromptLookup, SuffixDrafter
 from edgespec.planner import DraftReport, RoundResult
 from edgespec.policy import AdaptivePlanner, PolicyConfig
 from edgespec.sampling import SamplingParams, logits_to_probs, top_probability
 
 MODEL = "model"
+TIMED_SIZES = (1, 2, 3, 4, 5, 8, 9, 12, 16, 17, 24, 32, 33, 48, 64, 65)
 
 
 def record(args) -> None:
     from edgespec.engine import Engine
     from edgespec.loading import BackendOptions, load_backend
-    from edgespec.prompt_sets import load_prompt_set
+    from edgespec.prompt_sets import load_conversations
     from edgespec.prompting import chat_prompt_ids
 
     options = BackendOptions()
     target = load_backend(args.target, options)
     draft = load_backend(args.draft, options)
-    cost = calibrate(target, [(MODEL, draft)])
+    # Every pass size auto mode may choose (up to its longest draft, 64), sampled at the
+    # powers of two and one past them (repacked kernels multiply rows in groups of 4).
+    cost = calibrate(target, [(MODEL, draft)], sizes=TIMED_SIZES, repeats=args.repeats)
     engine = Engine(target, None, num_draft=2)
     vocab = target.vocab.size
     first, last = (int(x) for x in args.prompts.split(":"))
@@ -71,26 +75,31 @@ def record(args) -> None:
     for temperature in (float(t) for t in args.temps.split(",")):
         params = SamplingParams(temperature=temperature, seed=0)
         for set_name in args.sets.split(","):
-            for index, prompt in enumerate(load_prompt_set(set_name)[first:last], start=first):
-                ids = chat_prompt_ids(target, [{"role": "user", "content": prompt}])
-                g = engine.generate(ids, params, max_tokens=args.max_tokens, speculative=False)
-                out = [int(t) for t in g.token_ids]
-                if g.finish_reason == "stop":
-                    out.append(min(target.vocab.eos_token_ids))
-                engine.target_cache.rewind(0)
-                p_logits = teacher_forced(target, ids, out)
-                q_logits = teacher_forced(draft, ids, out)
-                if temperature == 0:
-                    accept = (q_logits.argmax(-1) == np.array(out)).astype(float)
-                    top, target_top = top_probability(q_logits), top_probability(p_logits)
-                else:
-                    p, q = logits_to_probs(p_logits, params), logits_to_probs(q_logits, params)
-                    accept, top, target_top = np.minimum(p, q).sum(-1), q.max(-1), p.max(-1)
-                traces.append({"temp": temperature, "set": set_name, "index": index, "prompt": ids,
-                               "out": out, "accept": accept.tolist(), "top": top.tolist(),
-                               "target_top": target_top.tolist()})
-                print(f"T={temperature:g} {set_name} #{index}: {len(out)} tokens, "
-                      f"mean drafter acceptance {accept.mean():.2f}", flush=True)
+            for index, turns in enumerate(load_conversations(set_name)[first:last], start=first):
+                messages = []
+                for turn, user in enumerate(turns, 1):
+                    messages.append({"role": "user", "content": user})
+                    ids = chat_prompt_ids(target, messages)
+                    g = engine.generate(ids, params, max_tokens=args.max_tokens, speculative=False)
+                    messages.append({"role": "assistant", "content": g.text})
+                    out = [int(t) for t in g.token_ids]
+                    if g.finish_reason == "stop":
+                        out.append(min(target.vocab.eos_token_ids))
+                    engine.target_cache.rewind(0)
+                    p_logits = teacher_forced(target, ids, out)
+                    q_logits = teacher_forced(draft, ids, out)
+                    if temperature == 0:
+                        accept = (q_logits.argmax(-1) == np.array(out)).astype(float)
+                        top, target_top = top_probability(q_logits), top_probability(p_logits)
+                    else:
+                        p, q = logits_to_probs(p_logits, params), logits_to_probs(q_logits, params)
+                        accept, top, target_top = np.minimum(p, q).sum(-1), q.max(-1), p.max(-1)
+                    traces.append({"temp": temperature, "set": set_name if turn == 1 else f"{set_name}@2+",
+                                   "index": index, "turn": turn, "prompt": ids,
+                                   "out": out, "accept": accept.tolist(), "top": top.tolist(),
+                                   "target_top": target_top.tolist()})
+                    print(f"T={temperature:g} {set_name} #{index} turn {turn}: {len(out)} tokens, "
+                          f"mean drafter acceptance {accept.mean():.2f}", flush=True)
     with open(args.out, "w") as f:
         json.dump({"costs": cost.as_prior(), "traces": traces}, f)
 
@@ -106,7 +115,7 @@ class TraceModel:
 def replay(trace: dict, true: CostModel, *, config: PolicyConfig | None = None,
            prior: dict | None = None, drafter: str | None = None, k: int = 0, rng=None,
            tally: dict | None = None, cheap: str = "lookup", with_model: bool = True,
-           noise: float = 0.0) -> float:
+           noise: float = 0.0, state: dict | None = None) -> float:
     """Speedup over plain decoding of one trace: auto (with ``config``, its costs
     starting from ``prior``, over ``cheap``, prompt lookup or the suffix drafter, and the
     draft model unless not ``with_model``) or a fixed drafter (the draft model, lookup,
@@ -115,23 +124,36 @@ def replay(trace: dict, true: CostModel, *, config: PolicyConfig | None = None,
     ``noise``: each pass takes its true time times a mean-one log-normal factor of
     this spread (a busy machine), which the planner sees as it would on a real clock.
     0.1 is not a measured spread of this CPU's passes: it is enough to reproduce what
-    real runs on the code sets show (a draft model dropped after one noisy early round)."""
+    real runs on the code sets show (a draft model dropped after one noisy early round).
+
+    ``state``: a dict kept across the turns of one conversation (its drafters and
+    planner carry over, as in ``edgespec chat``); empty at its first turn."""
     out, prompt, accept, top = trace["out"], trace["prompt"], trace["accept"], trace["top"]
     target_top = np.asarray(trace.get("target_top", [1.0] * len(out)))
     greedy, n = trace["temp"] == 0, len(out)
     uses_suffix = drafter == "suffix" or (config is not None and cheap == "suffix")
-    lookup = SuffixDrafter() if uses_suffix else PromptLookup(max_ngram=8 if config else 4)
-    model = TraceModel()
-    planner = AdaptivePlanner([lookup, model] if with_model else [lookup], CostModel(prior),
-                              config) if config else None
-    if planner:
-        planner.begin(prompt)
+    state = {} if state is None else state
+    if not state:
+        state["lookup"] = SuffixDrafter() if uses_suffix else PromptLookup(max_ngram=8 if config else 4)
+        state["model"] = TraceModel()
+        state["planner"] = AdaptivePlanner(
+            [state["lookup"], state["model"]] if with_model else [state["lookup"]],
+            CostModel(prior), config) if config else None
+    lookup, model, planner = state["lookup"], state["model"], state["planner"]
     params = SamplingParams(temperature=trace["temp"])
     t, spent, synced = 0, 0.0, 0  # synced: the draft model's cache holds out[:synced]
     clock = np.random.default_rng(rng.integers(1 << 32) if noise and rng is not None else None)
 
     def noisy(seconds: float) -> float:
         return seconds * math.exp(noise * clock.standard_normal() - noise * noise / 2) if noise else seconds
+
+    if planner:  # the engine times the long passes the planner wants in a long prompt
+        sizes = planner.timing_wanted()
+        if 2 * sum(sizes) <= len(prompt) - state.get("cached", 0):
+            for size in sizes:
+                planner.observe_pass(size, noisy(true.v(size)))
+        planner.begin(prompt)
+    state["cached"] = len(prompt) + n
 
     def model_draft(limit: int) -> tuple[Draft, int, float, float]:
         behind = t - synced
@@ -199,8 +221,11 @@ def replay(trace: dict, true: CostModel, *, config: PolicyConfig | None = None,
 
 def simulate(args) -> None:
     data = json.load(open(args.traces))
-    true = CostModel(data["costs"])
-    prior = json.load(open(args.prior)) if args.prior else data["costs"]
+    costs = json.load(open(args.costs)) if args.costs else data["costs"]
+    true = CostModel(costs)
+    # What a run starts from: the cached calibration (its sizes only), unless --prior.
+    prior = json.load(open(args.prior)) if args.prior else {
+        **costs, "v": {n: r for n, r in costs["v"].items() if int(n) in CALIBRATION_SIZES}}
     names = {f.name for f in fields(PolicyConfig)}
     changes = {}
     for setting in args.set:
@@ -210,33 +235,53 @@ def simulate(args) -> None:
         changes[name] = type(getattr(PolicyConfig(), name))(float(value))
     config = replace(PolicyConfig(), **changes)
     settings = {f"{d} k{k}": dict(drafter=d, k=k) for d in (MODEL, "lookup", "suffix") for k in (2, 4)}
+    settings.update({f"lookup k{k}": dict(drafter="lookup", k=k) for k in (8, 16, 64)})
     settings["auto"] = dict(auto=True, cheap="lookup")
     settings["auto+suffix"] = dict(auto=True, cheap="suffix")
     settings["auto lookup only"] = dict(auto=True, cheap="lookup", with_model=False)
     groups = sorted({(t["set"], t["temp"]) for t in data["traces"]})
+    # Conversations: a trace's turns in order (a single prompt is a one-turn conversation).
+    conversations: dict[tuple, list[dict]] = {}
+    for trace in data["traces"]:
+        key = (trace["set"].split("@")[0], trace["index"], trace["temp"])
+        conversations.setdefault(key, []).append(trace)
+    for turns in conversations.values():
+        turns.sort(key=lambda t: t.get("turn", 1))
     # The geometric mean over a set's traces: a median of a handful jumps between traces.
     print("speedup over plain, geometric mean of each set's traces")
-    print("".ljust(18) + "".join(f"{s}/T={t:g}".rjust(14) for s, t in groups))
+    print("".ljust(18) + "".join(f"{s}/T={t:g}".rjust(16) for s, t in groups))
     table = {}
     for label, setting in settings.items():
-        cells = []
-        for group in groups:
-            speeds = []
-            for trace in (t for t in data["traces"] if (t["set"], t["temp"]) == group):
-                repeats = 1 if trace["temp"] == 0 and not args.noise else args.repeats
-                speeds.append(statistics.mean(
-                    replay(trace, true, rng=np.random.default_rng(seed),
-                           config=config if setting.get("auto") else None, prior=prior,
-                           drafter=setting.get("drafter"), k=setting.get("k", 0),
-                           cheap=setting.get("cheap", "lookup"),
-                           with_model=setting.get("with_model", True), noise=args.noise)
-                    for seed in range(repeats)))
-            cells.append(statistics.geometric_mean(speeds))
+        speeds: dict[tuple, list[float]] = {}
+        for turns in conversations.values():
+            temp = turns[0]["temp"]
+            repeats = 1 if temp == 0 and not args.noise else args.repeats
+            per_seed = []
+            for seed in range(repeats):
+                state: dict = {}
+                per_seed.append([replay(trace, true, rng=np.random.default_rng(seed),
+                                        config=config if setting.get("auto") else None, prior=prior,
+                                        drafter=setting.get("drafter"), k=setting.get("k", 0),
+                                        cheap=setting.get("cheap", "lookup"),
+                                        with_model=setting.get("with_model", True), noise=args.noise,
+                                        state=state)
+                                 for trace in turns])
+            for i, trace in enumerate(turns):
+                speeds.setdefault((trace["set"], temp), []).append(
+                    statistics.mean(run[i] for run in per_seed))
+        cells = [statistics.geometric_mean(speeds[group]) for group in groups]
         table[label] = cells
-        print(label.ljust(18) + "".join(f"{c:14.3f}" for c in cells))
+        print(label.ljust(18) + "".join(f"{c:16.3f}" for c in cells))
+    longest = max(PolicyConfig().max_draft, config.max_draft)
+    ceilings = [statistics.geometric_mean(
+        ceiling(copy_lengths(t["prompt"], t["out"], longest), true.v)
+        for t in data["traces"] if (t["set"], t["temp"]) == group) for group in groups]
+    print(f"copy ceiling{longest}".ljust(18) + "".join(f"{c:16.3f}" for c in ceilings))
     best = [max(table[label][i] for label in settings if "auto" not in label) for i in range(len(groups))]
     for label in ("auto", "auto+suffix", "auto lookup only"):
-        print(f"{label}/best".ljust(18) + "".join(f"{a / b:14.3f}" for a, b in zip(table[label], best)))
+        print(f"{label}/best".ljust(18) + "".join(f"{a / b:16.3f}" for a, b in zip(table[label], best)))
+    for label in ("auto", "auto+suffix", "auto lookup only"):
+        print(f"{label}/ceiling".ljust(18) + "".join(f"{a / c:16.3f}" for a, c in zip(table[label], ceilings)))
     if args.verbose:
         for trace in data["traces"]:
             tally: dict = {}
@@ -256,10 +301,13 @@ def main() -> None:
     rec.add_argument("--temps", default="0,0.7")
     rec.add_argument("--max-tokens", type=int, default=128)
     rec.add_argument("--out", default="traces.json")
+    rec.add_argument("--repeats", type=int, default=3, help="timed passes of each size")
     sim = sub.add_parser("simulate", help="replay auto mode and fixed settings on traces")
     sim.add_argument("traces")
     sim.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                      help="override a PolicyConfig field, e.g. optimism=0.5")
+    sim.add_argument("--costs", help="a cost file (ratios) of the machine to simulate, instead of "
+                     "the one the traces were recorded on (at T = 0 acceptance does not depend on it)")
     sim.add_argument("--prior", help="a cost file (ratios) to start the planner from, "
                      "instead of the true costs (e.g. a poisoned one)")
     sim.add_argument("--verbose", action="store_true", help="auto's rounds on each trace")

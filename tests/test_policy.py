@@ -285,7 +285,9 @@ def test_a_third_drafter_needs_only_the_protocol_and_a_place_in_the_list():
     plain = engine.generate([1, 2, 3], GREEDY, max_tokens=60, speculative=False)
     assert auto.token_ids == plain.token_ids
     assert auto.stats.drafter == "auto(lookup+repeat)"
-    assert auto.stats.rounds_per_drafter.get("repeat", 0) + auto.stats.rounds_per_drafter.get("lookup", 0) > 5
+    # The drafters it was given did the work: most of the reply came from accepted drafts.
+    assert set(auto.stats.rounds_per_drafter) <= {"repeat", "lookup"}
+    assert auto.stats.accepted > auto.stats.generated_tokens / 2
 
 
 def test_low_confidence_stops_the_draft_early():
@@ -312,7 +314,7 @@ def test_auto_stops_asking_a_drafter_that_is_never_confident():
     (with the stop fixed: where a learned stop settles is the next test's)."""
     config = PolicyConfig(draft_p_min=0.5, learn_stop=False)
 
-    def calls_of(sure: bool) -> int:
+    def calls_of(sure: bool) -> float:
         clock = SimClock()
         target = ToyBackend.random(12, seed=5, scale=20.0, clock=clock, step_seconds=STEP,
                                    token_seconds=0.3 * STEP)  # peaked: the target is sure
@@ -329,10 +331,10 @@ def test_auto_stops_asking_a_drafter_that_is_never_confident():
             assert auto.stats.rounds == 0  # it never drafted a token
             offer = engine.planner.tracker("toy-draft").offer
             assert offer.trials[0] > 0 and offer.hits[0] == 0  # every try was a stop, and counted
-        return draft.calls
+        return draft.calls / (auto.stats.rounds + auto.stats.plain_steps)  # asked per pass
 
     unsure, sure = calls_of(False), calls_of(True)
-    assert 1 <= unsure and 3 * unsure < sure
+    assert 0 < unsure and 3 * unsure < sure
 
 
 def test_the_targets_own_confidence_is_the_prior_of_the_draft_models_offers():

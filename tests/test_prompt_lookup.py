@@ -2,6 +2,7 @@
 import numpy as np
 
 from edgespec import PromptLookup, SamplingParams
+from edgespec.drafters.copying import CopyIndex
 
 PARAMS = SamplingParams(temperature=0)
 RNG = np.random.default_rng(0)
@@ -69,8 +70,8 @@ class _CountingIndex(dict):
         super().__setitem__(n, _CountingTable(self._counter, table))
 
 
-class CountingLookup(PromptLookup):
-    """PromptLookup whose n-gram index counts its insertions, however it is rebuilt:
+class CountingIndex(CopyIndex):
+    """A CopyIndex whose n-gram index counts its insertions, however it is rebuilt:
     assigning ``self._index`` (as ``reset`` does) installs counting tables too."""
 
     def __init__(self, **kwargs):
@@ -84,6 +85,18 @@ class CountingLookup(PromptLookup):
     @_index.setter
     def _index(self, tables):
         self.__dict__["_index"] = _CountingIndex(self, tables)
+
+
+class CountingLookup(PromptLookup):
+    """PromptLookup over a :class:`CountingIndex`."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.copies = CountingIndex(min_ngram=self.min_ngram, max_ngram=self.max_ngram)
+
+    @property
+    def writes(self) -> int:
+        return self.copies.writes
 
 
 def test_rounds_on_a_long_context_stay_cheap():

@@ -18,12 +18,23 @@ def draft(drafter, context, k=8):
     return drafter.propose(context, k, GREEDY, RNG)
 
 
-def test_it_continues_what_followed_before_as_far_as_it_is_sure():
+def test_it_continues_what_followed_before_as_far_as_it_is_sure_and_copies_long_matches():
     text = [5, 6, 7, 8, 9, 10, 11, 12]
+    continued = text[3:] + [1, 2, 5]
+    # A short match: the counts draft it, classed by how sure they are.
+    proposal = draft(SuffixDrafter(), text + [1, 2] + text[:3])
+    assert proposal.token_ids == continued and proposal.probs is None
+    assert proposal.bucket.startswith("sure")
+    # A match further back than the counts' n-grams: a copy, classed by its length.
+    long = list(range(20, 40))
+    proposal = draft(SuffixDrafter(), long + [1, 2] + long[:12])
+    assert proposal.token_ids == long[12:] and proposal.bucket == "match8"
+    # Only an earlier conversation holds it: the counts draft it.
     drafter = SuffixDrafter()
-    proposal = draft(drafter, text + [1, 2] + text[:3])
-    assert proposal.token_ids == text[3:] + [1, 2, 5, 6, 7, 8, 9, 10][:8 - len(text[3:])]
-    assert proposal.probs is None and proposal.bucket.startswith("sure")
+    drafter.prefill(list(range(200, 220)) + text + [1, 2] + text)
+    proposal = draft(drafter, list(range(100, 140)) + text[:3])
+    assert drafter.remembered_tokens == 38
+    assert proposal.token_ids == continued and proposal.bucket.startswith("sure")
 
 
 def test_the_most_frequent_continuation_wins_and_unsure_ones_are_not_drafted():

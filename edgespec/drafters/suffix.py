@@ -12,6 +12,13 @@ falls below ``min_confidence`` (the idea of SuffixDecoding, Oliaro et al.
 q is one-hot and ``probs=None``, so the acceptance rule keeps the target's
 distribution exactly.
 
+Where the current context matches an earlier passage of itself further back
+than the counts' longest n-gram (a reply that copies a file from the prompt),
+the drafter copies it as prompt lookup does
+(:class:`~edgespec.drafters.copying.CopyIndex`): as far as the draft may go,
+classed by the match's length, and stopping where a copy of the same source
+broke off before. The counts draft the rest.
+
 Work per committed token is O(max_ngram²) however long the context and the
 memory; the memory holds at most ``memory_tokens`` tokens (oldest contexts
 evicted first, their counts taken back).
@@ -27,6 +34,7 @@ import numpy as np
 from ..cache import common_prefix_length
 from ..sampling import SamplingParams
 from .base import Draft
+from .copying import CopyIndex, match_bucket
 
 # A context that differs from the one indexed in more than this many tokens is a
 # new conversation: the old one goes to the memory instead of being un-indexed.
@@ -85,7 +93,7 @@ class SuffixDrafter:
     name = "suffix"
 
     def __init__(self, *, max_ngram: int = 8, min_ngram: int = 2, min_confidence: float = 0.3,
-                 memory_tokens: int = 16384):
+                 memory_tokens: int = 16384, max_match: int = 64):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         if not 0.0 <= min_confidence < 1.0:
@@ -95,6 +103,8 @@ class SuffixDrafter:
         self.min_ngram, self.min_confidence = min_ngram, min_confidence
         self.memory_tokens = memory_tokens
         self.counts = NgramCounts(max_ngram)
+        self.copies = CopyIndex(min_ngram=min_ngram, max_ngram=max_ngram,
+                                max_match=max(max_match, max_ngram))  # over the live context
         self._live: list[int] = []  # the context indexed now
         self._memory: deque[list[int]] = deque()  # earlier contexts, oldest first
         self._remembered = 0  # tokens in the memory
@@ -111,14 +121,17 @@ class SuffixDrafter:
 
     def propose(self, context: Sequence[int], num_draft: int, params: SamplingParams,
                 rng: np.random.Generator) -> Draft:
-        """The most likely continuation, as long as it stays likely enough."""
+        """The live context's longest copy, or the most likely continuation by the
+        counts, as long as it stays likely enough."""
         self._follow(context)
         # Only the last max_ngram tokens are ever matched: copy those, not the context.
-        tokens, draft, confidence, first_n = self._live[-self.counts.max_ngram:], [], 1.0, 0
-        while len(draft) < num_draft:
-            found = self.counts.continuation(tokens, self.min_ngram)
-            if found is None:
-                break
+        tokens = self._live[-self.counts.max_ngram:]
+        found = self.counts.continuation(tokens, self.min_ngram)
+        copy = self.copies.find(num_draft)
+        if copy is not None and copy.tokens and copy.match >= self.counts.max_ngram:
+            return Draft(copy.tokens, None, match_bucket(copy.match))
+        draft, confidence, first_n = [], 1.0, 0
+        while len(draft) < num_draft and found is not None:
             token, frequency, n = found
             confidence *= frequency
             if confidence < self.min_confidence:
@@ -126,6 +139,7 @@ class SuffixDrafter:
             first_n = first_n or n
             draft.append(token)
             tokens.append(token)
+            found = self.counts.continuation(tokens, self.min_ngram)
         if not draft:
             return Draft([])
         return Draft(draft, None, confidence_bucket(first_n, confidence))
@@ -172,6 +186,7 @@ class SuffixDrafter:
         start = len(live)
         live.extend(int(t) for t in context[start:])
         self.counts.count(live, start, len(live))
+        self.copies.follow(live)
 
     def _forget_tail(self, keep: int) -> None:
         self.counts.count(self._live, keep, len(self._live), sign=-1)

@@ -1,0 +1,160 @@
+"""Long confident copies: matches measured far back, drafts up to 64 tokens, a memory of
+where copies broke off, and auto mode drafting long only where long passes are cheap.
+
+Deterministic: token lists for the drafters, toy models on a simulated clock for auto
+mode (each pass advances the clock by what a pass of its size costs).
+"""
+
+import numpy as np
+
+from edgespec import Engine, PromptLookup, SamplingParams
+from edgespec.backends.toy import SimClock, ToyBackend
+from edgespec.costs import CostModel
+from edgespec.drafters.copying import CopyIndex, match_bucket
+from edgespec.drafters.suffix import SuffixDrafter
+from edgespec.policy import AdaptivePlanner, PolicyConfig
+
+GREEDY = SamplingParams(temperature=0)
+RNG = np.random.default_rng(0)
+STEP = 0.03  # seconds of a one-token target pass on the simulated clock
+
+SOURCE = list(range(100, 160))  # a passage of 60 distinct tokens: "the file"
+
+
+def test_a_match_is_measured_as_far_back_as_it_reaches():
+    index = CopyIndex(min_ngram=2, max_ngram=4, max_match=64)
+    # The context ends with the source's first 20 tokens: a 20-token match, though the
+    # index keys on 4-grams at most.
+    index.follow(SOURCE + [1, 2] + SOURCE[:20])
+    copy = index.find(64)
+    assert copy.match == 20 and copy.tokens == SOURCE[20:] + [1, 2] + SOURCE[:20]
+    assert match_bucket(copy.match) == "match16" and match_bucket(2) == "match2"
+    assert index.find(8).tokens == SOURCE[20:28]  # as far as the draft may go
+
+
+def test_a_copy_in_progress_beats_a_more_recent_coincidence():
+    # The text copies SOURCE; its last two tokens also occur later on (followed by 7),
+    # in a shorter match. The copy in progress, the longer match, is followed.
+    index = CopyIndex(min_ngram=2, max_ngram=2)
+    context = SOURCE + [SOURCE[8], SOURCE[9], 7] + SOURCE[:6]
+    index.follow(context)
+    assert index.find(4).tokens == SOURCE[6:10]
+    index.follow(context + SOURCE[6:10])  # the text went on as copied
+    copy = index.find(5)
+    assert copy.match == 10 and copy.tokens == SOURCE[10:15]
+
+
+def test_the_next_copy_after_a_key_follows_what_the_text_did_there_last_time():
+    """A copy that failed (5 tokens held, then the target wrote 999): the next copy
+    after the same tokens follows the text's own last version, 999 included."""
+    lookup = PromptLookup(min_ngram=2, max_ngram=8)
+    context = SOURCE + [1, 2] + SOURCE[:12]
+    assert lookup.propose(context, 16, GREEDY, RNG).token_ids == SOURCE[12:28]
+    context += SOURCE[12:17] + [999, 3, 4] + SOURCE[:12]
+    assert lookup.propose(context, 16, GREEDY, RNG).token_ids == \
+        SOURCE[12:17] + [999, 3, 4] + SOURCE[:8]
+
+
+def test_a_copys_length_follows_what_was_accepted_last_time():
+    """Where a copy after a key failed, the next copy after that key stops just before
+    the token that failed, if it would draft the same one (llama.cpp's ngram-map-k
+    drafts what was accepted last time); once the text goes through it, it runs on."""
+    index = CopyIndex(min_ngram=2, max_ngram=8)
+    context = SOURCE + [1, 2] + SOURCE[4:12]  # a reply copying the file from its 5th token
+    index.follow(context)
+    assert index.find(16).tokens == SOURCE[12:28]
+    context += SOURCE[12:16] + [999, 5, 6]  # 4 tokens held, then the target wrote 999
+    index.follow(context)
+    key = tuple(SOURCE[4:12])
+    assert index.failed[key] == (4, SOURCE[16])
+    # The reply starts over and copies the file from its first token: the copy in
+    # progress (the longest match: 12 tokens) reaches the same key.
+    context += SOURCE[:4]
+    index.follow(context)
+    assert index.find(8).tokens == SOURCE[4:12]
+    context += SOURCE[4:12]
+    index.follow(context)
+    copy = index.find(16)
+    assert copy.match == 12 and copy.tokens == SOURCE[12:16]  # cut before SOURCE[16]
+    # This time the target goes on as the file does: the failure is forgotten.
+    context += SOURCE[12:17]
+    index.follow(context)
+    assert key not in index.failed and index.find(16).tokens == SOURCE[17:33]
+
+
+def test_a_failing_copy_is_abandoned_within_one_round():
+    """A reply that looks like a copy but is not: once the first draft from the source
+    is rejected at its first token, no later draft copies that token again."""
+    target_text = [5, 6, 7, 8] * 10  # what the target writes instead
+    lookup = PromptLookup(min_ngram=2, max_ngram=8)
+    context = SOURCE + [1, 2] + SOURCE[:30]
+    first = lookup.propose(context, 64, GREEDY, RNG)
+    assert first.token_ids[:3] == SOURCE[30:33] and first.bucket == "match16"
+    for token in target_text:
+        context.append(token)
+        assert SOURCE[30] not in lookup.propose(context, 64, GREEDY, RNG).token_ids
+    assert lookup.copies.failed[tuple(SOURCE[22:30])] == (0, SOURCE[30])
+
+
+def test_the_suffix_drafter_copies_long_matches_with_the_same_memory():
+    suffix = SuffixDrafter(min_ngram=2, max_ngram=8)
+    context = SOURCE + [1, 2] + SOURCE[4:12]
+    first = suffix.propose(context, 16, GREEDY, RNG)
+    assert first.token_ids == SOURCE[12:28] and first.bucket == "match8"
+    context += SOURCE[12:16] + [999, 5, 6] + SOURCE[:4]
+    suffix.propose(context, 8, GREEDY, RNG)
+    context += SOURCE[4:12]
+    assert suffix.propose(context, 16, GREEDY, RNG).token_ids == SOURCE[12:16]
+
+
+# -- auto mode on a toy whose replies copy a passage with an edit every 12 tokens ----------
+
+
+def fibonacci_target(clock: SimClock, token_seconds: float, vocab: int = 64) -> ToyBackend:
+    """A toy whose greedy text is a Fibonacci walk mod ``vocab`` (each token the sum of
+    the two before it): every pair of tokens has one continuation."""
+    table = np.full((vocab, vocab, vocab), -6.0)
+    for prev in range(vocab):
+        for last in range(vocab):
+            table[prev, last, (prev + last) % vocab] = 6.0
+    return ToyBackend(table, clock=clock, step_seconds=STEP, token_seconds=token_seconds)
+
+
+def walk(start: tuple[int, int], n: int, vocab: int = 64) -> list[int]:
+    out = list(start)
+    while len(out) < n:
+        out.append((out[-2] + out[-1]) % vocab)
+    return out
+
+
+def copy_prompt() -> list[int]:
+    """The walk's first 90 tokens with every 12th replaced (the 'file' the reply
+    returns with edits), then the walk's first tokens: the reply copies, breaking off at
+    each edit and picking the copy up again two tokens later."""
+    source = walk((1, 1), 90)
+    for i in range(11, len(source), 12):
+        source[i] = 63 if source[i] != 63 else 62
+    return source + [60, 61] + walk((1, 1), 4)
+
+
+def test_auto_drafts_long_where_long_passes_are_cheap_and_short_where_they_are_not():
+    """The same copying reply, on a machine where a pass over n tokens costs about one
+    step (flat) and on one where each further token adds 0.7 of a step (linear)."""
+    longest = {}
+    for grows in (0.01, 0.7):
+        clock = SimClock()
+        target = fibonacci_target(clock, grows * STEP)
+        prior = {"v": {str(n): 1 + grows * (n - 1) for n in (2, 3, 4, 5, 8, 9)}, "c": {}}
+        planner = AdaptivePlanner([PromptLookup(max_ngram=8)], CostModel(prior), PolicyConfig())
+        engine = Engine(target, None, num_draft="auto", planner=planner, clock=clock)
+        prompt = copy_prompt()
+        auto = engine.generate(prompt, GREEDY, max_tokens=80)
+        plain = engine.generate(prompt, GREEDY, max_tokens=80, speculative=False)
+        assert auto.token_ids == plain.token_ids
+        assert auto.stats.tokens_per_second > plain.stats.tokens_per_second
+        longest[grows] = len(auto.stats.drafted_per_position)  # positions ever drafted
+    # Copies break every 12 tokens. Where a longer pass costs next to nothing, drafts run
+    # past that (the whole rest of the source is worth verifying); where each token costs
+    # most of a step, they stop short of it.
+    assert longest[0.01] > 12 >= longest[0.7] >= 1
+    assert longest[0.01] >= 2 * longest[0.7]
