@@ -123,7 +123,7 @@ def run_bench(config: BenchConfig, options: BackendOptions, *, progress=None, lo
     # here from the prior it has in `edgespec generate`, and every fixed k's pass.
     cost = calibrate(target, models, sizes=sorted(set(CALIBRATION_SIZES) | {k + 1 for k in config.num_draft}))
     prior = cost.as_prior()
-    engine = Engine(target, None, num_draft=max(config.num_draft))
+    engine = Engine(target, None, num_draft=max(config.num_draft, default=4))
     model_drafters = [d for d in drafters.values() if isinstance(d, DraftModel)]
     fixed = [(name, k) for name in drafters for k in config.num_draft]
     # Auto mode runs with the first draft model listed and a drafter that costs nothing

@@ -205,8 +205,11 @@ def cmd_bench(args) -> int:
         except ValueError:
             raise EdgespecError(f"invalid {flag} {text!r}: give comma-separated numbers") from None
 
+    only_auto = args.num_draft.strip() == "auto"
+    if only_auto and args.no_auto:
+        raise EdgespecError("--num-draft auto with --no-auto leaves nothing to compare: drop one of them")
     config = BenchConfig(target=args.target, drafters=[d.strip() for d in args.drafters.split(",") if d.strip()],
-                         num_draft=numbers(args.num_draft, int, "--num-draft"),
+                         num_draft=[] if only_auto else numbers(args.num_draft, int, "--num-draft"),
                          temperatures=numbers(args.temp, float, "--temp"),
                          prompt_sets=[p.strip() for p in args.prompts.split(",") if p.strip()],
                          prompts_per_set=args.prompts_per_set, max_tokens=args.max_tokens,
@@ -347,7 +350,8 @@ def make_parser() -> argparse.ArgumentParser:
     p = commands.add_parser("bench", help="compare drafters, quantizations and k on this machine")
     p.add_argument("--target", required=True, help="target model (path or name)")
     p.add_argument("--drafters", required=True, help="comma-separated: draft models and/or lookup")
-    p.add_argument("--num-draft", default="2,4", help="comma-separated k values")
+    p.add_argument("--num-draft", default="2,4",
+                   help="comma-separated k values, or 'auto': auto mode against plain decoding only")
     p.add_argument("--temp", default="0,0.7", help="comma-separated temperatures")
     p.add_argument("--prompts", default="code,edit,chat",
                    help="comma-separated prompt sets (code, edit, chat; the validation split: "

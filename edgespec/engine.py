@@ -373,14 +373,17 @@ class Engine:
         """Evaluate the prompt but its last token into the target's cache, in
         chunks between which a cancel is seen; False if cancelled.
 
-        Where the planner wants pass sizes timed and the prompt's new part is long
-        (at least twice their sum), its last tokens go in passes of those sizes, each
-        timed as a round's pass is (every row's logits, verified greedily)."""
+        Where the planner wants pass sizes timed, the prompt's last new tokens go in
+        passes of those sizes, each timed as a round's pass is (every row's logits,
+        verified greedily): the smallest sizes wanted whose sum is at most half of
+        what the prompt adds to the cache."""
         prompt = run.context[:-1]
         done = common_prefix_length(self.target_cache.tokens, prompt)
-        sizes = list(self.planner.timing_wanted()) if run.speculative else []
-        if 2 * sum(sizes) > len(prompt) - done:
-            sizes = []
+        sizes = []
+        for n in sorted(self.planner.timing_wanted()) if run.speculative else ():
+            if 2 * (sum(sizes) + n) > len(prompt) - done:
+                break
+            sizes.append(n)
         end = len(prompt) - sum(sizes)
         while done < end:
             if run.cancelled.is_set():

@@ -159,6 +159,15 @@ class _Rates:
         return mean, min(1.0, mean + optimism * math.sqrt(mean * (1 - mean) / n))
 
 
+def _logit(p: float) -> float:
+    p = min(max(p, 0.001), 0.999)
+    return math.log(p / (1.0 - p))
+
+
+def _sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x))
+
+
 class StopRule:
     """Where a draft model stops drafting: the lowest top probability (of its own,
     before it samples a token) at which one more draft token still pays.
@@ -224,16 +233,19 @@ class AcceptanceTracker:
         self.accept = _Rates(prior, config.prior_weight if weight is None else weight,
                              config.decay, later_lift)
         self.offer = _Rates(1.0, config.offer_weight, config.decay)
-        # A tracker pooled over the kinds of one drafter's drafts: its estimate pulls
-        # this one's prior, so that when lookup copies well here, short matches are tried too.
+        # A tracker pooled over the kinds of one drafter's drafts: where it does better than
+        # its prior, this one's prior rises alike (in log-odds), so that when lookup copies
+        # well here, short matches are tried too; a long match's prior is not averaged away.
         self.parent = parent
         # A rate whose estimate is the prior of the offer rate (the target's confidence).
         self.offer_parent = offer_parent
 
     def _accept(self, k: int, optimism: float) -> list[float]:
         prior = None
-        if self.parent is not None:
-            prior = (self.accept.prior + self.parent.accept.estimates(1)[0]) / 2
+        if self.parent is not None:  # shifted (in log-odds) as far as the pool strays from its prior
+            parent = self.parent.accept
+            prior = _sigmoid(_logit(self.accept.prior) + _logit(parent.estimates(1)[0])
+                             - _logit(parent.prior))
         return self.accept.estimates(k, optimism, prior)
 
     def _offers(self, k: int, optimism: float) -> list[float]:

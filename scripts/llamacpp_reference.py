@@ -141,14 +141,18 @@ NGRAM_MODES = {
 
 def speculative_simple(bin_dir: Path, target: Path, draft: Path | None, prompt: str, *, threads: int,
                        num_draft: int, max_tokens: int, n_ctx: int = 4096,
-                       spec_type: str = "draft-simple") -> SpecResult:
+                       spec_type: str = "draft-simple", spec_args: list[str] | None = None,
+                       n_gpu_layers: int = 0) -> SpecResult:
     """Run llama.cpp's speculation greedily on one (already templated) prompt: with
     the ``draft`` model (``draft-simple``, up to ``num_draft`` tokens a round), or one
-    of the :data:`NGRAM_MODES` by name (no draft model; their own draft lengths)."""
+    of the :data:`NGRAM_MODES` by name, or the speculation options ``spec_args`` (no
+    draft model; their own draft lengths)."""
     command = [str(bin_dir / "llama-speculative-simple"), "-m", str(target),
                "-t", str(threads), "-c", str(n_ctx), "-p", prompt,
-               "-n", str(max_tokens), "--temp", "0"]
-    if spec_type == "draft-simple":
+               "-n", str(max_tokens), "--temp", "0", "-ngl", str(n_gpu_layers)]
+    if spec_args is not None:
+        command += spec_args
+    elif spec_type == "draft-simple":
         command += ["--spec-type", "draft-simple", "-md", str(draft), "-td", str(threads),
                     "--spec-draft-n-max", str(num_draft), "--spec-draft-n-min", "0"]
     else:

@@ -44,11 +44,14 @@ from edgespec.planner import DraftReport, RoundResult
 from edgespec.policy import AdaptivePlanner, PolicyConfig
 from edgespec.sampling import SamplingParams, logits_to_probs, top_probability
 
+from bench_ngram import MapKRule  # llama.cpp's ngram-map-k rule as an edgespec drafter
+
 MODEL = "model"
 TIMED_SIZES = (1, 2, 3, 4, 5, 8, 9, 12, 16, 17, 24, 32, 33, 48, 64, 65)
 
 
 def record(args) -> None:
+    from edgespec.cache import CachedModel
     from edgespec.engine import Engine
     from edgespec.loading import BackendOptions, load_backend
     from edgespec.prompt_sets import load_conversations
@@ -64,11 +67,14 @@ def record(args) -> None:
     vocab = target.vocab.size
     first, last = (int(x) for x in args.prompts.split(":"))
 
-    def teacher_forced(backend, prompt, out):
-        backend.rewind(0)
-        backend.forward(prompt[:-1], last_only=True)
-        logits = backend.forward([prompt[-1]] + out[:-1])  # row i predicts out[i]
-        backend.rewind(0)
+    draft_cache = CachedModel(draft)
+
+    def teacher_forced(cache, prompt, out):
+        """Row i predicts out[i]; the prompt's prefix stays cached (a conversation's
+        next turn extends it)."""
+        cache.sync(prompt[:-1], need_logits=False)
+        logits = cache.forward([prompt[-1]] + out[:-1])
+        cache.rewind(len(prompt) - 1)
         return logits[:, :vocab]
 
     traces = []
@@ -85,9 +91,8 @@ def record(args) -> None:
                     out = [int(t) for t in g.token_ids]
                     if g.finish_reason == "stop":
                         out.append(min(target.vocab.eos_token_ids))
-                    engine.target_cache.rewind(0)
-                    p_logits = teacher_forced(target, ids, out)
-                    q_logits = teacher_forced(draft, ids, out)
+                    p_logits = teacher_forced(engine.target_cache, ids, out)
+                    q_logits = teacher_forced(draft_cache, ids, out)
                     if temperature == 0:
                         accept = (q_logits.argmax(-1) == np.array(out)).astype(float)
                         top, target_top = top_probability(q_logits), top_probability(p_logits)
@@ -115,7 +120,7 @@ class TraceModel:
 def replay(trace: dict, true: CostModel, *, config: PolicyConfig | None = None,
            prior: dict | None = None, drafter: str | None = None, k: int = 0, rng=None,
            tally: dict | None = None, cheap: str = "lookup", with_model: bool = True,
-           noise: float = 0.0, state: dict | None = None) -> float:
+           noise: float = 0.0, state: dict | None = None, oracle: bool = False) -> float:
     """Speedup over plain decoding of one trace: auto (with ``config``, its costs
     starting from ``prior``, over ``cheap``, prompt lookup or the suffix drafter, and the
     draft model unless not ``with_model``) or a fixed drafter (the draft model, lookup,
@@ -127,14 +132,17 @@ def replay(trace: dict, true: CostModel, *, config: PolicyConfig | None = None,
     real runs on the code sets show (a draft model dropped after one noisy early round).
 
     ``state``: a dict kept across the turns of one conversation (its drafters and
-    planner carry over, as in ``edgespec chat``); empty at its first turn."""
+    planner carry over, as in ``edgespec chat``); empty at its first turn.
+    ``oracle``: a fixed lookup verifies exactly the part of its draft that will be
+    accepted (greedy traces): what lookup could reach if it knew where to stop."""
     out, prompt, accept, top = trace["out"], trace["prompt"], trace["accept"], trace["top"]
     target_top = np.asarray(trace.get("target_top", [1.0] * len(out)))
     greedy, n = trace["temp"] == 0, len(out)
     uses_suffix = drafter == "suffix" or (config is not None and cheap == "suffix")
     state = {} if state is None else state
     if not state:
-        state["lookup"] = SuffixDrafter() if uses_suffix else PromptLookup(max_ngram=8 if config else 4)
+        state["lookup"] = SuffixDrafter() if uses_suffix else MapKRule() if drafter == MapKRule.name \
+            else PromptLookup(max_ngram=8 if config else 4)
         state["model"] = TraceModel()
         state["planner"] = AdaptivePlanner(
             [state["lookup"], state["model"]] if with_model else [state["lookup"]],
@@ -148,10 +156,12 @@ def replay(trace: dict, true: CostModel, *, config: PolicyConfig | None = None,
         return seconds * math.exp(noise * clock.standard_normal() - noise * noise / 2) if noise else seconds
 
     if planner:  # the engine times the long passes the planner wants in a long prompt
-        sizes = planner.timing_wanted()
-        if 2 * sum(sizes) <= len(prompt) - state.get("cached", 0):
-            for size in sizes:
-                planner.observe_pass(size, noisy(true.v(size)))
+        timed = 0
+        for size in sorted(planner.timing_wanted()):
+            if 2 * (timed + size) > len(prompt) - state.get("cached", 0):
+                break
+            planner.observe_pass(size, noisy(true.v(size)))
+            timed += size
         planner.begin(prompt)
     state["cached"] = len(prompt) + n
 
@@ -186,6 +196,11 @@ def replay(trace: dict, true: CostModel, *, config: PolicyConfig | None = None,
                 asked_model = True
             round_spent += catch_s + draft_s
             if not planner:
+                if oracle and use == lookup.name:  # verify just what will be accepted
+                    held = 0
+                    while held < len(draft) and out[t + held] == draft.token_ids[held]:
+                        held += 1
+                    draft = draft.truncated(held)
                 kind = use if draft.token_ids else None
                 break
             verified = planner.review(DraftReport(proposal, draft, caught_up, catch_s, draft_s))
@@ -198,6 +213,8 @@ def replay(trace: dict, true: CostModel, *, config: PolicyConfig | None = None,
         if kind == lookup.name:
             while accepted < len(draft) and out[t + accepted] == draft.token_ids[accepted]:
                 accepted += 1
+            if kind == MapKRule.name:
+                lookup.accepted(accepted)
         elif kind is not None:
             while accepted < len(draft) and (accept[t + accepted] >= 1 if greedy
                                              else rng.random() < accept[t + accepted]):
@@ -236,6 +253,8 @@ def simulate(args) -> None:
     config = replace(PolicyConfig(), **changes)
     settings = {f"{d} k{k}": dict(drafter=d, k=k) for d in (MODEL, "lookup", "suffix") for k in (2, 4)}
     settings.update({f"lookup k{k}": dict(drafter="lookup", k=k) for k in (8, 16, 64)})
+    settings["lookup, stops right"] = dict(drafter="lookup", k=64, oracle=True)
+    settings["map-k rule"] = dict(drafter=MapKRule.name, k=48)
     settings["auto"] = dict(auto=True, cheap="lookup")
     settings["auto+suffix"] = dict(auto=True, cheap="suffix")
     settings["auto lookup only"] = dict(auto=True, cheap="lookup", with_model=False)
@@ -264,7 +283,7 @@ def simulate(args) -> None:
                                         drafter=setting.get("drafter"), k=setting.get("k", 0),
                                         cheap=setting.get("cheap", "lookup"),
                                         with_model=setting.get("with_model", True), noise=args.noise,
-                                        state=state)
+                                        state=state, oracle=setting.get("oracle", False))
                                  for trace in turns])
             for i, trace in enumerate(turns):
                 speeds.setdefault((trace["set"], temp), []).append(
@@ -277,7 +296,8 @@ def simulate(args) -> None:
         ceiling(copy_lengths(t["prompt"], t["out"], longest), true.v)
         for t in data["traces"] if (t["set"], t["temp"]) == group) for group in groups]
     print(f"copy ceiling{longest}".ljust(18) + "".join(f"{c:16.3f}" for c in ceilings))
-    best = [max(table[label][i] for label in settings if "auto" not in label) for i in range(len(groups))]
+    best = [max(table[label][i] for label in settings if "auto" not in label and "right" not in label)
+            for i in range(len(groups))]
     for label in ("auto", "auto+suffix", "auto lookup only"):
         print(f"{label}/best".ljust(18) + "".join(f"{a / b:16.3f}" for a, b in zip(table[label], best)))
     for label in ("auto", "auto+suffix", "auto lookup only"):

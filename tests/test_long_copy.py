@@ -6,6 +6,7 @@ mode (each pass advances the clock by what a pass of its size costs).
 """
 
 import numpy as np
+import pytest
 
 from edgespec import Engine, PromptLookup, SamplingParams
 from edgespec.backends.toy import SimClock, ToyBackend
@@ -151,10 +152,34 @@ def test_auto_drafts_long_where_long_passes_are_cheap_and_short_where_they_are_n
         auto = engine.generate(prompt, GREEDY, max_tokens=80)
         plain = engine.generate(prompt, GREEDY, max_tokens=80, speculative=False)
         assert auto.token_ids == plain.token_ids
-        assert auto.stats.tokens_per_second > plain.stats.tokens_per_second
+        speedup = auto.stats.tokens_per_second / plain.stats.tokens_per_second
+        assert speedup > 2 if grows < 0.1 else speedup >= 0.99
         longest[grows] = len(auto.stats.drafted_per_position)  # positions ever drafted
     # Copies break every 12 tokens. Where a longer pass costs next to nothing, drafts run
     # past that (the whole rest of the source is worth verifying); where each token costs
-    # most of a step, they stop short of it.
-    assert longest[0.01] > 12 >= longest[0.7] >= 1
-    assert longest[0.01] >= 2 * longest[0.7]
+    # most of a step, they stop short of it, if they are made at all.
+    assert longest[0.01] > 12 >= longest[0.7]
+    assert longest[0.01] >= 2 * max(longest[0.7], 1)
+
+
+def test_a_long_prompt_times_the_long_passes_auto_mode_has_not_measured():
+    """The calibration times passes of up to 9 tokens; what 16, 32 and 64 cost is timed
+    on a long prompt's last tokens, as a round's pass is (every row verified)."""
+    grows = 0.2
+    for length, timed in ((300, {16, 32, 64}), (150, {16, 32}), (30, set())):
+        clock = SimClock()
+        target = fibonacci_target(clock, grows * STEP)
+        prior = {"v": {str(n): 1 + grows * (n - 1) for n in (2, 3, 4, 5, 8, 9)}, "c": {}}
+        planner = AdaptivePlanner([PromptLookup(max_ngram=8)], CostModel(prior), PolicyConfig())
+        engine = Engine(target, None, num_draft="auto", planner=planner, clock=clock)
+        prompt = walk((3, 5), length)
+        auto = engine.generate(prompt, GREEDY, max_tokens=8)
+        assert auto.stats.prompt_eval_tokens == length
+        assert auto.token_ids == engine.generate(prompt, GREEDY, max_tokens=8,
+                                                 speculative=False).token_ids
+        sizes = set(planner.cost.measured_sizes())
+        # The smallest sizes wanted that fit in half the prompt.
+        assert {16, 32, 64} & sizes == timed
+        assert set(planner.timing_wanted()) == {16, 32, 64} - timed  # timed once a run
+        if 64 in timed:
+            assert planner.cost.v(64) == pytest.approx(1 + grows * 63)

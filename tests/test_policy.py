@@ -167,7 +167,7 @@ def test_exploration_is_paid_from_a_budget_that_bounds_what_it_loses():
         planner = AdaptivePlanner([PromptLookup(max_ngram=8)], CostModel(true_prior(grows, 0.0)), config)
         engine = Engine(target, None, num_draft="auto", planner=planner, clock=clock)
         stats = engine.generate([0, 1, 2, 3, 0, 1], params, max_tokens=n).stats
-        assert stats.generated_tokens == n and stats.probes == stats.rounds > 5  # it tried
+        assert stats.generated_tokens == n and stats.probes > 5  # it tried
         return stats.decode_time_s / STEP - n  # a plain step costs exactly STEP here
 
     config = PolicyConfig(explore_start=2.0, explore_rate=0.02, **hopeful)
