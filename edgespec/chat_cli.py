@@ -172,7 +172,7 @@ def _reply(session: ChatSession, text: str, *, show_draft: bool, color: bool, ou
 
 def run_chat(args) -> int:
     """The chat loop (arguments from ``edgespec chat``)."""
-    from .cli import build_engine, sampling_params
+    from .cli import build_engine, on_accelerator, sampling_params
     from .models import defaults
 
     params = sampling_params(args)
@@ -180,8 +180,13 @@ def run_chat(args) -> int:
         pairing = defaults()["chat"]
         args.model = pairing["target"]
         if args.draft is None:
-            args.draft = pairing["draft"]
-        print(f"(default pairing: {args.model} with drafter {args.draft})", file=sys.stderr)
+            # A draft model a third of the target's size pays where a wide pass costs about
+            # one step (a GPU); on a CPU it cannot (each drafted token costs most of what
+            # it saves), and prompt lookup, which costs nothing, does better.
+            args.draft = pairing["draft"] if on_accelerator(args) else "lookup"
+        note = "" if args.draft != "lookup" else \
+            f"; on a GPU (-ngl 99) it adds the draft model {pairing['draft']}"
+        print(f"(default pairing: {args.model} with drafter {args.draft}{note})", file=sys.stderr)
     out = sys.stdout
     color = out.isatty() and not os.environ.get("NO_COLOR")
     print(f"(loading {args.model} ...)", file=sys.stderr)

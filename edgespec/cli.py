@@ -20,8 +20,9 @@ def add_model_options(parser: argparse.ArgumentParser, *, model_required: bool =
                         help="target model: a .gguf path, an MLX directory or Hub id, "
                              "or a name from `edgespec models list`")
     parser.add_argument("-d", "--draft", default=None,
-                        help="drafter: a draft model (path or name), 'lookup' for prompt lookup, "
-                             "or 'suffix' (continuation counts over this and earlier conversations)")
+                        help="drafter: a draft model (path or name), 'lookup' for prompt lookup (the "
+                             "default), or 'suffix' (continuation counts over this and earlier "
+                             "conversations)")
     parser.add_argument("--backend", choices=BACKENDS, default="auto",
                         help="auto: MLX on Apple Silicon, llama.cpp elsewhere")
     parser.add_argument("--draft-backend", choices=BACKENDS, default=None,
@@ -92,8 +93,16 @@ def sampling_params(args):
         raise EdgespecError(f"{exc}") from None
 
 
+def on_accelerator(args) -> bool:
+    """Whether the target runs on a GPU: layers offloaded (-ngl), or MLX on Apple Silicon."""
+    from .loading import on_apple_silicon, pick_backend
+    return args.n_gpu_layers != 0 or (on_apple_silicon() and pick_backend(args.model, args.backend) == "mlx")
+
+
 def build_engine(args, *, fetch: bool = False):
-    """Load target and drafter as the arguments say and return an Engine."""
+    """Load target and drafter as the arguments say and return an Engine.
+
+    Without ``-d`` (and no saved profile): auto mode over prompt lookup."""
     from .api import load
     from .costs import load_profile
 
@@ -103,6 +112,8 @@ def build_engine(args, *, fetch: bool = False):
         if profile:  # `edgespec bench --save-profile` measured the best pairing here
             args.draft, args.num_draft = profile["draft"], profile["num_draft"]
             print(f"(saved profile: drafter {args.draft}, k={args.num_draft})", file=sys.stderr)
+        else:  # prompt lookup costs nothing to ask, and auto mode drafts only where it pays
+            args.draft = "lookup"
     if args.draft_p_min is not None and not 0 <= args.draft_p_min < 1:
         raise EdgespecError(f"invalid --draft-p-min {args.draft_p_min}: must be 0 <= p < 1")
     return load(args.model, None if args.no_spec else args.draft, args.backend,
@@ -257,6 +268,41 @@ def writable(path: str, flag: str) -> str:
 # -- models --------------------------------------------------------------------------
 
 
+def cmd_verify(args) -> int:
+    """``edgespec verify``: the PASS/FAIL table of :mod:`edgespec.selfcheck`; exit 1 on a FAIL."""
+    from .drafters import DraftModel
+    from .models import defaults
+    from .selfcheck import as_json, report, run_checks, timed
+
+    if args.samples < 100:
+        raise EdgespecError(f"invalid --samples {args.samples}: use at least 100 (default 10000)")
+    if args.json:
+        writable(args.json, "--json")
+    if args.model is None:
+        pairing = defaults()["chat"]
+        args.model, args.draft = pairing["target"], args.draft or pairing["draft"]
+    if args.draft is None or args.draft in ("lookup", "suffix", "none") or args.no_spec:
+        raise EdgespecError("edgespec verify checks a draft model with its target: give -d MODEL "
+                            "(prompt lookup and the suffix drafter propose the target's own "
+                            "tokens, which the greedy and seed checks of any pair cover)")
+    args.num_draft = 4
+    engine = build_engine(args, fetch=True)
+    try:
+        draft = engine.drafter
+        if not isinstance(draft, DraftModel):
+            raise EdgespecError(f"{args.draft} is not a draft model: give -d MODEL")
+        print(f"edgespec verify: target {engine.target.name}, draft model {draft.name}", file=sys.stderr)
+        checks, seconds = timed(run_checks, engine, draft, samples=args.samples,
+                                log=lambda line: print(f"  {line}", file=sys.stderr, flush=True))
+    finally:
+        engine.close()
+    print(report(checks, seconds))
+    if args.json:
+        args.json.write_text(json.dumps(as_json(checks, seconds, target=args.model, draft=args.draft),
+                                        indent=1))
+    return 0 if all(c.passed for c in checks) else 1
+
+
 def cmd_serve(args) -> int:
     """``edgespec serve``: load the models, serve until Ctrl-C, free the models."""
     from .server import ServerSettings, serve
@@ -321,6 +367,14 @@ def make_parser() -> argparse.ArgumentParser:
 
     from .chat_cli import add_chat_parser
     add_chat_parser(commands, add_model_options)
+
+    p = commands.add_parser("verify", help="check that speculation is exact with this pair, here "
+                                           "(the default pairing without -m)")
+    add_model_options(p, model_required=False)
+    p.add_argument("--samples", type=int, default=10_000,
+                   help="verifier rounds per recorded row and temperature (default 10000)")
+    p.add_argument("--json", type=Path, default=None, help="write every figure as JSON")
+    p.set_defaults(func=cmd_verify)
 
     p = commands.add_parser("serve", help="an OpenAI-compatible local server (and a chat page at /)")
     add_model_options(p)

@@ -31,6 +31,7 @@ import numpy as np
 
 from .backends.base import Backend, check_token_ids
 from .cache import CachedModel, common_prefix_length
+from .coupling import Coupling
 from .detokenize import IncrementalDetokenizer, StopMatcher
 from .drafters.base import Draft, Drafter
 from .errors import EdgespecError
@@ -76,7 +77,7 @@ class _Run:
 
     context: list[int]
     params: SamplingParams
-    rng: np.random.Generator
+    rng: np.random.Generator | Coupling  # (a Coupling: seed-invariant sampling)
     max_tokens: int
     speculative: bool
     stats: GenerationStats
@@ -182,7 +183,7 @@ class Engine:
 
     def stream(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
                max_tokens: int = 256, stop: Sequence[str] = (), speculative: bool = True,
-               rng: np.random.Generator | None = None,
+               rng: np.random.Generator | Coupling | None = None,
                cancel: threading.Event | None = None) -> Iterator[Chunk]:
         """Yield :class:`Chunk` objects as tokens are committed.
 
@@ -431,7 +432,7 @@ class Engine:
                                            on_device=self._on_device)
         verdict, top_probs = verify_round(logits, draft.token_ids, draft.probs, run.params, run.rng,
                                           draft_scales=draft.scales, confidence=self.planner.wants_confidence,
-                                          scratch=self._scratch)
+                                          scratch=self._scratch, position=len(ctx))
         seconds = self._clock() - start
 
         self.planner.observe(RoundResult(

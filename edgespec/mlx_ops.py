@@ -25,6 +25,7 @@ from typing import Sequence
 import mlx.core as mx
 import numpy as np
 
+from .coupling import BLOCK, MIX, UNIFORM_BITS, Coupling, position_keys
 from .sampling import SamplingParams
 from .verify import Verdict, greedy_verify
 
@@ -93,12 +94,13 @@ def fit_vocab(q: mx.array, vocab_size: int) -> mx.array:
 
 
 def verify_on_device(logits: mx.array, draft_token_ids: Sequence[int], draft_probs,
-                     params: SamplingParams, rng: np.random.Generator) -> tuple[Verdict, np.ndarray]:
+                     params: SamplingParams, rng, *, position: int = 0) -> tuple[Verdict, np.ndarray]:
     """The verdict on a round from the target's rows of logits ``[k+1, V]`` on the
     device, and the target's top probability at each committed token; one sync.
 
     ``draft_probs``: q ``[k, V']`` (an MLX or numpy array), or None for a
-    deterministic drafter (q one-hot on each draft).
+    deterministic drafter (q one-hot on each draft). ``rng``: a numpy generator,
+    or a :class:`~edgespec.coupling.Coupling` (row 0 at context ``position``).
     """
     num_draft = len(draft_token_ids)
     if logits.shape[0] != num_draft + 1:
@@ -110,6 +112,10 @@ def verify_on_device(logits: mx.array, draft_token_ids: Sequence[int], draft_pro
         verdict = greedy_verify(argmax, draft_token_ids)
         return verdict, top[:verdict.num_accepted + 1]
     p = probs(logits, params)  # [k+1, V]
+    if isinstance(rng, Coupling):  # every row's own token by the noise; drafts kept while equal
+        own, top = to_host(coupled_pick(p, rng, position), p.max(axis=-1))
+        verdict = greedy_verify(own, draft_token_ids)
+        return verdict, top[:verdict.num_accepted + 1]
     if draft_probs is None or not num_draft:  # a deterministic drafter's round, or a plain step
         return _verify_own_samples(p, draft_token_ids, rng)
     key_u, key_x = mx.random.split(key_from(rng))
@@ -146,6 +152,34 @@ def _verify_own_samples(p: mx.array, draft_token_ids: Sequence[int],
     for _ in range(verdict.num_accepted + 1):
         key_from(rng)
     return verdict, top[:verdict.num_accepted + 1]
+
+
+def _exp_noise(keys: mx.array, ids: mx.array) -> mx.array:
+    """:func:`edgespec.coupling.exp_noise` on the device: Exp(1) noise of ``ids``
+    under ``keys`` (uint64, broadcast against each other), in float32."""
+    c0, c1, c2 = (mx.array(np.array(c, dtype=np.uint64)) for c in MIX)
+    x = keys + ids + c0
+    x = (x ^ (x >> 30)) * c1
+    x = (x ^ (x >> 27)) * c2
+    x = x ^ (x >> 31)
+    return -mx.log(((x >> (64 - UNIFORM_BITS)).astype(mx.float32) + 0.5) * (1.0 / (1 << UNIFORM_BITS)))
+
+
+def coupled_pick(p: mx.array, coupling: Coupling, position: int) -> mx.array:
+    """The token the coupling's noise decides for each row of ``p [n, V]`` (row i at
+    context position ``position + i``): :func:`edgespec.coupling.race` on the device,
+    with the same noise, so a draft model on MLX and a target elsewhere are coupled."""
+    rows, vocab = p.shape
+    blocks = -(-vocab // BLOCK)
+    keys = [position_keys(coupling.seed, position + i) for i in range(rows)]
+    id_keys, block_keys = (mx.array(np.array(column, dtype=np.uint64))[:, None] for column in zip(*keys))
+    padded = mx.pad(p, [(0, 0), (0, blocks * BLOCK - vocab)])
+    totals = padded.reshape(rows, blocks, BLOCK).sum(axis=-1)  # [n, blocks]
+    block = mx.argmax(totals / _exp_noise(block_keys, mx.arange(blocks, dtype=mx.uint64)[None]), axis=-1)
+    ids = block[:, None].astype(mx.int64) * BLOCK + mx.arange(BLOCK)[None]  # [n, BLOCK]
+    inner = mx.take_along_axis(padded, ids.astype(mx.int32), axis=1)
+    ratio = inner / _exp_noise(id_keys, ids.astype(mx.uint64))
+    return (block * BLOCK + mx.argmax(mx.where(ids < vocab, ratio, -1.0), axis=-1)).astype(mx.int32)
 
 
 def top_probability(logits: mx.array) -> mx.array:

@@ -26,6 +26,10 @@ class SamplingParams:
 
     ``top_k == 0``, ``top_p == 1`` and ``min_p == 0`` switch those filters off.
     ``seed`` makes sampling reproducible; ``None`` draws a fresh seed.
+    ``invariant``: seed-invariant sampling (:mod:`edgespec.coupling`): each token
+    is decided by noise keyed by the seed and its position, so a seed gives one
+    text whatever the drafter, k or speculation on or off (the exact rule
+    accepts a draft model's tokens a little more often).
     """
 
     temperature: float = 0.8
@@ -33,6 +37,7 @@ class SamplingParams:
     top_p: float = 1.0
     min_p: float = 0.0
     seed: int | None = None
+    invariant: bool = False
 
     def __post_init__(self) -> None:
         for field in ("temperature", "top_p", "min_p"):  # "0.7" or None: say so, not TypeError
@@ -47,6 +52,7 @@ class SamplingParams:
         _check(0 <= self.min_p < 1, "min_p", self.min_p, "0 <= min_p < 1 (0 disables it)")
         _check(self.seed is None or (isinstance(self.seed, (int, np.integer)) and self.seed >= 0),
                "seed", self.seed, "a non-negative integer, or None for a random seed")
+        _check(isinstance(self.invariant, (bool, np.bool_)), "invariant", self.invariant, "True or False")
 
     @property
     def greedy(self) -> bool:
@@ -195,6 +201,12 @@ class ProbRows:
         weights, blocks, _ = self._row(index)
         return sample_from(weights, rng, blocks)
 
+    def pick(self, index: int, coupling, position: int) -> int:
+        """The token the :class:`~edgespec.coupling.Coupling` decides for row ``index``,
+        at context ``position``."""
+        weights, blocks, _ = self._row(index)
+        return coupling.pick(weights, block_sums(weights) if blocks is None else blocks, position)
+
     def sample_residual(self, index: int, q: np.ndarray, rng: np.random.Generator,
                         q_scale: float = 1.0) -> int:
         """A token from norm(max(0, p - q)) of row ``index`` (q = ``q * q_scale``);
@@ -329,6 +341,10 @@ def sample_from(probs: np.ndarray, rng: np.random.Generator,
     return start + index
 
 
-def make_rng(params: SamplingParams) -> np.random.Generator:
-    """The random generator for one generation under ``params``."""
+def make_rng(params: SamplingParams):
+    """The random state of one generation under ``params``: a numpy generator, or
+    with ``params.invariant`` the :class:`~edgespec.coupling.Coupling` of its seed."""
+    if params.invariant:
+        from .coupling import Coupling
+        return Coupling(params.seed)
     return np.random.default_rng(params.seed)

@@ -35,6 +35,7 @@ from typing import Sequence
 
 import numpy as np
 
+from .coupling import Coupling
 from .sampling import ProbRows, SamplingParams, Scratch, top_probability
 
 
@@ -81,9 +82,10 @@ def rejection_sample(
     target_probs: np.ndarray,
     draft_token_ids: Sequence[int],
     draft_probs: np.ndarray | None,
-    rng: np.random.Generator,
+    rng,
     *,
     draft_scales: Sequence[float] | None = None,
+    position: int = 0,
 ) -> Verdict:
     """Verify one round of drafts: the accepted prefix, then the target's own token.
 
@@ -96,17 +98,29 @@ def rejection_sample(
     one token from ``target_probs[0]``: a plain step. ``draft_scales``: a factor
     per row when ``draft_probs`` holds q only up to it (q = probs × scale, as a
     drafter that skipped normalising its rows reports them).
+
+    ``rng``: an ``np.random.Generator``, or a :class:`~edgespec.coupling.Coupling`
+    for seed-invariant sampling: then the target's own token at each row is the
+    one the coupling's noise decides at its context position (row 0 at
+    ``position``), and a draft is kept while it equals it, whatever q (drafts made
+    under the same noise mostly do).
     """
     num_draft = len(draft_token_ids)
     vocab_size = target_probs.shape[-1]
     _check_rows(target_probs.shape[0], draft_token_ids, vocab_size)
+    rows = target_probs if isinstance(target_probs, ProbRows) else ProbRows.of_probs(target_probs)
+    accepted: list[int] = []
+    if isinstance(rng, Coupling):  # the target's own token, by the noise; a draft is kept if equal
+        for i, token in enumerate(draft_token_ids):
+            own = rows.pick(i, rng, position + i)
+            if own != token:
+                return Verdict(accepted, own)
+            accepted.append(int(token))
+        return Verdict(accepted, rows.pick(num_draft, rng, position + num_draft))
     if draft_probs is not None:
         if draft_probs.shape[0] != num_draft:
             raise ValueError(f"draft_probs has {draft_probs.shape[0]} rows for {num_draft} drafts")
         draft_probs = _fit_vocab(draft_probs, vocab_size)  # [k, V]
-
-    rows = target_probs if isinstance(target_probs, ProbRows) else ProbRows.of_probs(target_probs)
-    accepted: list[int] = []
     if draft_probs is None:  # q one-hot: the target samples its own token; a draft is kept if equal
         for i, token in enumerate(draft_token_ids):
             own = rows.sample(i, rng)  # p(token) = 0 for an id the target lacks: never equal
@@ -158,13 +172,14 @@ def _fit_vocab(draft_probs: np.ndarray, vocab_size: int) -> np.ndarray:
 
 
 def verify_round(logits, draft_token_ids: Sequence[int], draft_probs, params: SamplingParams,
-                 rng: np.random.Generator, *, draft_scales: np.ndarray | None = None,
-                 confidence: bool = True, scratch: Scratch | None = None) -> tuple[Verdict, np.ndarray]:
+                 rng, *, draft_scales: np.ndarray | None = None, confidence: bool = True,
+                 scratch: Scratch | None = None, position: int = 0) -> tuple[Verdict, np.ndarray]:
     """The verdict on a round from the target's rows of logits ``[n, V]``, and the
     target's top probability at each token it commits (for the planner; empty
     without ``confidence``). ``draft_scales``: as in :func:`rejection_sample`.
     ``scratch``: where the target's rows are computed on the host (the caller's,
-    reused round after round).
+    reused round after round). ``rng`` and ``position``: as for
+    :func:`rejection_sample`.
 
     Numpy logits are verified on the host (greedy, or :func:`rejection_sample`
     over rows computed as it reads them); an MLX array where it lives
@@ -177,7 +192,7 @@ def verify_round(logits, draft_token_ids: Sequence[int], draft_probs, params: Sa
         if logits.shape[0] == len(draft_token_ids) + 1 and \
                 runnable_drafts(draft_token_ids, logits.shape[-1]) == len(draft_token_ids):
             from .mlx_ops import verify_on_device
-            return verify_on_device(logits, draft_token_ids, draft_probs, params, rng)
+            return verify_on_device(logits, draft_token_ids, draft_probs, params, rng, position=position)
         logits = np.array(logits)
     if draft_probs is not None and not isinstance(draft_probs, np.ndarray):
         draft_probs = np.array(draft_probs)  # q from a device drafter, for a host target
@@ -186,5 +201,6 @@ def verify_round(logits, draft_token_ids: Sequence[int], draft_probs, params: Sa
         rows = logits[:verdict.num_accepted + 1] if confidence else logits[:0]
         return verdict, top_probability(rows, scratch)
     target_probs = ProbRows(logits, params, scratch)  # [n, V], rows computed as read
-    verdict = rejection_sample(target_probs, draft_token_ids, draft_probs, rng, draft_scales=draft_scales)
+    verdict = rejection_sample(target_probs, draft_token_ids, draft_probs, rng, draft_scales=draft_scales,
+                               position=position)
     return verdict, target_probs.top(verdict.num_accepted + 1 if confidence else 0)

@@ -13,6 +13,7 @@ import numpy as np
 from scipy import stats as scipy_stats
 
 from edgespec import Engine, GenerationStats, SamplingParams, logits_to_probs
+from edgespec.coupling import Coupling
 
 SIGNIFICANCE = 0.001  # every exactness test uses this level
 
@@ -54,7 +55,9 @@ def sample_continuations(engine: Engine, prompt: list[int], params: SamplingPara
     counts: Counter = Counter()
     totals = GenerationStats()
     for _ in range(num_samples):
-        generation = engine.generate(prompt, params, max_tokens=length, rng=rng)
+        # Seed-invariant sampling: a seed of its own per sample (drawn from the fixed one).
+        noise = Coupling(int(rng.integers(2**62))) if params.invariant else rng
+        generation = engine.generate(prompt, params, max_tokens=length, rng=noise)
         counts[tuple(generation.token_ids)] += 1
         totals.merge(generation.stats)
     return counts, totals

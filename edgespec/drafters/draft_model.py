@@ -8,6 +8,7 @@ import numpy as np
 
 from ..backends.base import Backend
 from ..cache import CachedModel, common_prefix_length
+from ..coupling import Coupling
 from ..sampling import SamplingParams, Scratch, sample_from, top_probability, weights_and_blocks
 from .base import Draft
 
@@ -70,8 +71,9 @@ class DraftModel:
         return evaluated
 
     def propose(self, context: Sequence[int], num_draft: int, params: SamplingParams,
-                rng: np.random.Generator) -> Draft:
-        """Sample up to ``num_draft`` tokens from the draft model's q."""
+                rng: np.random.Generator | Coupling) -> Draft:
+        """Sample up to ``num_draft`` tokens from the draft model's q (with a
+        :class:`~edgespec.coupling.Coupling`, the tokens its noise decides under q)."""
         # The draft cache will hold the context and all drafts but the last.
         num_draft = min(num_draft, self.backend.n_ctx - len(context) + 1)
         if num_draft <= 0:
@@ -98,7 +100,8 @@ class DraftModel:
                 if sure < self.min_confidence:
                     break
                 confidence.append(sure)
-            token = int(np.argmax(logits)) if weights is None else sample_from(weights, rng, blocks)
+            token = int(np.argmax(logits)) if weights is None else \
+                self.draw(weights, blocks, rng, len(context) + i)
             token_ids.append(token)
             if i + 1 < num_draft:
                 logits = self.cache.forward([token])[-1]
@@ -107,8 +110,18 @@ class DraftModel:
         return Draft(token_ids, probs[:len(token_ids)], confidence=confidence if self.min_confidence else None,
                      scales=scales[:len(token_ids)])
 
+    @staticmethod
+    def draw(weights: np.ndarray, blocks: np.ndarray, rng: np.random.Generator | Coupling,
+             position: int) -> int:
+        """One draft token from q (``weights`` up to a factor, and their block sums), at
+        context ``position``: the draft must be drawn from the q the draft reports, which
+        ``edgespec verify`` checks by calling this on recorded rows."""
+        if isinstance(rng, Coupling):
+            return rng.pick(weights, blocks, position)
+        return sample_from(weights, rng, blocks)
+
     def _propose_on_device(self, context: Sequence[int], logits, num_draft: int,
-                           params: SamplingParams, rng: np.random.Generator) -> Draft:
+                           params: SamplingParams, rng: np.random.Generator | Coupling) -> Draft:
         """The same draft as :meth:`propose`'s loop, built as one lazy MLX graph (each
         sampled token feeds the next forward on the device) and evaluated once.
 
@@ -119,7 +132,8 @@ class DraftModel:
         import mlx.core as mx
 
         from .. import mlx_ops
-        keys = None if params.greedy else mx.random.split(mlx_ops.key_from(rng), num_draft)
+        coupled = isinstance(rng, Coupling)
+        keys = None if params.greedy or coupled else mx.random.split(mlx_ops.key_from(rng), num_draft)
         tokens, confidence, probs = [], [], []
         for i in range(num_draft):
             if params.greedy:
@@ -128,7 +142,8 @@ class DraftModel:
                     confidence.append(mlx_ops.top_probability(logits[None])[0])
             else:
                 q = mlx_ops.probs(logits[None], params)[0]  # [V]
-                token = mlx_ops.sample(q, keys[i])
+                token = mlx_ops.coupled_pick(q[None], rng, len(context) + i)[0] if coupled else \
+                    mlx_ops.sample(q, keys[i])
                 if self.min_confidence:
                     confidence.append(q.max())
                 probs.append(q)
