@@ -16,7 +16,7 @@ import statistics
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from .costs import CALIBRATION_SIZES, CostModel, calibrate
+from .costs import CALIBRATION_SIZES, LONG_SIZES, CostModel, calibrate
 from .drafters import DraftModel, PromptLookup
 from .engine import Engine
 from .errors import EdgespecError
@@ -119,9 +119,11 @@ def run_bench(config: BenchConfig, options: BackendOptions, *, progress=None, lo
             memory[backend.name] = getattr(backend, "memory_bytes", 0)
     models = [(name, d.backend) for name, d in drafters.items() if isinstance(d, DraftModel)]
     log("measuring the target's batch cost v(n) and each drafter's step cost c ...")
-    # The sizes auto mode's cached calibration holds (CALIBRATION_SIZES), so that auto runs
-    # here from the prior it has in `edgespec generate`, and every fixed k's pass.
-    cost = calibrate(target, models, sizes=sorted(set(CALIBRATION_SIZES) | {k + 1 for k in config.num_draft}))
+    # The sizes auto mode's cached costs hold once a run has timed its long passes
+    # (CALIBRATION_SIZES and LONG_SIZES), so that auto runs here from the prior it has in
+    # `edgespec generate`, and every fixed k's pass.
+    cost = calibrate(target, models, sizes=sorted(set(CALIBRATION_SIZES) | set(LONG_SIZES)
+                                                  | {k + 1 for k in config.num_draft}))
     prior = cost.as_prior()
     engine = Engine(target, None, num_draft=max(config.num_draft, default=4))
     model_drafters = [d for d in drafters.values() if isinstance(d, DraftModel)]

@@ -50,8 +50,10 @@ WINDOW = 9                      # samples kept per kind: the median of the most 
 TRUSTED_SAMPLES = 3             # in-run samples of a pass size or a drafter's step that outweigh its prior
 COLD_START = 1.5                # (a step: when dearer than the prior by no more than this, a cold start)
 CALIBRATION_SIZES = (1, 2, 3, 4, 5, 8, 9)  # 4 and 8: see CostModel._estimate_v
+LONG_SIZES = (16, 32, 64)       # timed by a run when first needed (AdaptivePlanner.timing_wanted)
 CALIBRATION_REPEATS = 5         # timed passes per size after one warm-up pass
 PRIOR_WEIGHT = 3                # samples a prior counts as when a run saves what it timed
+CONFIRMED = 1.5                 # a run's passes within this factor of the prior confirm it
 
 
 class _Samples:
@@ -141,6 +143,21 @@ class CostModel:
     def measured_sizes(self) -> list[int]:
         """Target pass sizes this run has measured."""
         return sorted(n for n, s in self._target.items() if s.values)
+
+    def trusted_sizes(self) -> list[int]:
+        """Pass sizes whose cost is known here: those this run measured, and the prior's
+        once this run's verify passes have confirmed it (their typical ratio to it within
+        CONFIRMED of 1, over at least two passes): a prior that claims wide passes are
+        cheap, wrongly, is not believed for the sizes this run has not tried."""
+        sizes = self.measured_sizes()
+        step = self.step_seconds
+        if not step or not self.prior_v:
+            return sizes
+        ratios = [seconds / step / self.prior_v[n] for n in sizes if n > 1 and n in self.prior_v
+                  for seconds in self._target[n].values]
+        if len(ratios) >= 2 and 1 / CONFIRMED <= _typical(ratios) <= CONFIRMED:
+            return sorted(set(sizes) | set(self.prior_v))
+        return sizes
 
     # -- estimates -----------------------------------------------------------------------
 

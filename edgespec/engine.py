@@ -374,18 +374,20 @@ class Engine:
         """Evaluate the prompt but its last token into the target's cache, in
         chunks between which a cancel is seen; False if cancelled.
 
-        Where the planner wants pass sizes timed, the prompt's last new tokens go in
+        Where the planner wants pass sizes timed, the prompt's last tokens go in
         passes of those sizes, each timed as a round's pass is (every row's logits,
-        verified greedily): the smallest sizes wanted whose sum is at most half of
-        what the prompt adds to the cache."""
+        verified greedily): the smallest sizes wanted whose sum is at most half of the
+        prompt, evaluated again if the cache held them already (the planner asks once
+        per machine and model: what it timed is kept for the next run)."""
         prompt = run.context[:-1]
-        done = common_prefix_length(self.target_cache.tokens, prompt)
         sizes = []
         for n in sorted(self.planner.timing_wanted()) if run.speculative else ():
-            if 2 * (sum(sizes) + n) > len(prompt) - done:
+            if 2 * (sum(sizes) + n) > len(prompt):
                 break
             sizes.append(n)
         end = len(prompt) - sum(sizes)
+        done = min(common_prefix_length(self.target_cache.tokens, prompt), end)
+        self.target_cache.rewind(done)
         while done < end:
             if run.cancelled.is_set():
                 run.finish_reason = "cancelled"

@@ -44,7 +44,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .costs import CostModel, save_calibration
+from .costs import LONG_SIZES, CostModel, save_calibration
 from .drafters.base import Drafter
 from .planner import DraftReport, Proposal, RoundResult
 
@@ -391,9 +391,10 @@ class AdaptivePlanner:
         cost = self.cost
         if cost.plain_steps_measured() < 2 or cost.rounds_since_plain_step() > self.config.refresh_plain_after:
             return None  # measure the plain step now and then: every cost is relative to it
-        # Measure before leaping: no pass more than about twice as long as any this run
-        # has timed, so a cached claim that long passes are cheap costs little if wrong.
-        limit = self._limit = min(limit, self.max_draft, 2 * max(cost.measured_sizes()))
+        # Measure before leaping: no pass more than about twice as long as any whose cost
+        # is known (timed in this run, or in the prior once this run has confirmed it), so
+        # a cached claim that long passes are cheap costs little if wrong.
+        limit = self._limit = min(limit, self.max_draft, 2 * max(cost.trusted_sizes()))
         for drafter in self.drafters:
             if drafter.name in self._asked:
                 continue
@@ -501,11 +502,12 @@ class AdaptivePlanner:
         self.exploration = min(self.exploration, cfg.explore_cap)
 
     def timing_wanted(self) -> Sequence[int]:
-        """The long pass sizes (16, 32, 64 tokens, as far as the longest draft needs) this
-        run has not timed: the calibration times only short ones, and what a longer pass
-        costs cannot be told from them (on one CPU v(16) ~ v(9), on another ~ 2 v(9))."""
-        timed = set(self.cost.measured_sizes())
-        return tuple(n for n in (64, 32, 16) if n <= self.max_draft + 1 and n not in timed)
+        """The long pass sizes (16, 32, 64 tokens, as far as the longest draft needs) that
+        neither this run nor its prior has timed: the calibration times only short ones,
+        and what a longer pass costs cannot be told from them (on one CPU v(16) ~ v(9),
+        on another ~ 2 v(9)). What a run times is kept for the next (:meth:`close`)."""
+        known = set(self.cost.measured_sizes()) | set(self.cost.prior_v)
+        return tuple(n for n in sorted(LONG_SIZES, reverse=True) if n <= self.max_draft + 1 and n not in known)
 
     def observe_pass(self, num_tokens: int, seconds: float) -> None:
         self.cost.observe_target(num_tokens, seconds)

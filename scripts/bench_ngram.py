@@ -183,6 +183,8 @@ def main() -> int:
                     print(f"{label}:{index} turn {turn} r{repeat}: " + ", ".join(
                         f"{mode} {s['speedup']:.2f}" for mode, s in speeds.items()), file=sys.stderr, flush=True)
                     messages.append({"role": "assistant", "content": plain.text})
+                planner.close()  # its measured costs are the next conversation's prior, as for
+                #                  consecutive `edgespec generate` runs
     engine.close()
     report(rows)
     if args.json:

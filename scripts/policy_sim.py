@@ -1,11 +1,12 @@
 """Tune auto mode offline: record traces once, then replay the real planner on them.
 
 A real ``edgespec bench`` sweep takes tens of minutes on a 2-core machine, too
-slow to compare many policy settings. This script records, per prompt, the
-target's plain output (greedy, or sampled at T > 0) and, teacher-forced along
-it, what the draft model would have done: its per-position acceptance
-probability (greedy: argmax match; sampled: sum(min(p, q))) and its top
-probability (for the confidence stop), and the target's top probability.
+slow to compare many policy settings. This script records, per prompt (each turn
+of a conversation set, its history the plain replies), the target's plain output
+(greedy, or sampled at T > 0) and, teacher-forced along it, what the draft model
+would have done: its per-position acceptance probability (greedy: argmax match;
+sampled: sum(min(p, q))) and its top probability (for the confidence stop), and
+the target's top probability; and the costs of every pass size up to 65 tokens.
 
 ``simulate`` then drives the real :class:`~edgespec.policy.AdaptivePlanner`
 through the planner interface (plan → review → observe), with the real
@@ -13,15 +14,21 @@ through the planner interface (plan → review → observe), with the real
 ``auto+suffix`` and the fixed suffix rows) and a draft model replayed from the
 trace, and charges each round the machine's measured costs (v(n), c and the
 catch-up, in plain steps). The planner sees simulated seconds exactly as it
-sees real ones, so its cost estimation runs too; ``--prior`` starts it from
-other (e.g. poisoned) costs than the true ones, and ``--noise`` jitters each
-pass's time (a busy machine), which its cost estimation sees too.
+sees real ones, so its cost estimation runs too. It starts from the costs an
+earlier run on the machine saved (every size; ``--first-run``: the calibration's
+short sizes, the long ones timed in a long prompt's prefill as the engine does),
+``--prior`` from other (e.g. poisoned) costs than the true ones, ``--costs``
+simulates another machine's costs (``scripts/costs/epyc-2core.json``), and
+``--noise`` jitters each pass's time (a busy machine), which its cost estimation
+sees too. A conversation's turns share their drafters and planner, as in a chat.
+Beside auto mode it prints fixed settings, llama.cpp's ngram-map-k rule, prompt
+lookup that knows where to stop, and the copy ceiling (drafts up to 64 tokens).
 
 It is a model of the engine, not a benchmark: quote ``edgespec bench`` for speed.
 Tune on the tuning sets (code, edit, chat) only; the validation sets are not
 for tuning.
 
-    python scripts/policy_sim.py record --out traces.json          # ~5 min
+    python scripts/policy_sim.py record --sets edit,edit-chain,code,chat --out traces.json
     python scripts/policy_sim.py simulate traces.json
     python scripts/policy_sim.py simulate traces.json --set optimism=0.5 --set min_gain=1.02
     python scripts/policy_sim.py simulate traces.json --noise 0.1 --repeats 16
@@ -158,12 +165,11 @@ def replay(trace: dict, true: CostModel, *, config: PolicyConfig | None = None,
     if planner:  # the engine times the long passes the planner wants in a long prompt
         timed = 0
         for size in sorted(planner.timing_wanted()):
-            if 2 * (timed + size) > len(prompt) - state.get("cached", 0):
+            if 2 * (timed + size) > len(prompt):
                 break
             planner.observe_pass(size, noisy(true.v(size)))
             timed += size
         planner.begin(prompt)
-    state["cached"] = len(prompt) + n
 
     def model_draft(limit: int) -> tuple[Draft, int, float, float]:
         behind = t - synced
@@ -240,8 +246,9 @@ def simulate(args) -> None:
     data = json.load(open(args.traces))
     costs = json.load(open(args.costs)) if args.costs else data["costs"]
     true = CostModel(costs)
-    # What a run starts from: the cached calibration (its sizes only), unless --prior.
-    prior = json.load(open(args.prior)) if args.prior else {
+    # What a run starts from: the costs an earlier run on this machine saved (every size),
+    # or with --first-run the calibration's sizes only; or --prior.
+    prior = json.load(open(args.prior)) if args.prior else costs if not args.first_run else {
         **costs, "v": {n: r for n, r in costs["v"].items() if int(n) in CALIBRATION_SIZES}}
     names = {f.name for f in fields(PolicyConfig)}
     changes = {}
@@ -331,6 +338,8 @@ def main() -> None:
     sim.add_argument("--prior", help="a cost file (ratios) to start the planner from, "
                      "instead of the true costs (e.g. a poisoned one)")
     sim.add_argument("--verbose", action="store_true", help="auto's rounds on each trace")
+    sim.add_argument("--first-run", action="store_true",
+                     help="start from the calibration's pass sizes only (a first run on a machine)")
     sim.add_argument("--repeats", type=int, default=2, help="seeds per trace at T > 0 (or with --noise)")
     sim.add_argument("--noise", type=float, default=0.0,
                      help="spread of each pass's time (log-normal; 0.1 reproduces what real runs show)")

@@ -255,3 +255,18 @@ def test_profiles_are_keyed_by_the_model_not_its_file_name(tmp_path, monkeypatch
     assert load_profile(str(theirs)) is None  # same file name, another model
     ours.write_bytes(b"GGUF one model, re-quantized")  # the file changed: the profile is stale
     assert load_profile(str(ours)) is None
+
+
+def test_the_priors_sizes_are_trusted_once_this_run_confirms_its_level():
+    prior = {"v": {"2": 1.5, "3": 1.8, "5": 2.2, "9": 3.4, "16": 3.9, "32": 6.4, "64": 12.8}}
+    agreeing = CostModel(prior)
+    feed(agreeing, {1: 0.1, 2: 0.16, 5: 0.23})  # within a few percent of the prior
+    assert agreeing.trusted_sizes() == [1, 2, 3, 5, 9, 16, 32, 64]
+    # A prior claiming passes are far cheaper than they are: only what this run timed.
+    poisoned = CostModel({"v": {n: 1.0 for n in prior["v"]}})
+    feed(poisoned, {1: 0.1, 2: 0.16, 5: 0.23})
+    assert poisoned.trusted_sizes() == [1, 2, 5]
+    # Nothing but plain steps timed yet: no evidence either way.
+    fresh = CostModel(prior)
+    feed(fresh, {1: 0.1})
+    assert fresh.trusted_sizes() == [1]

@@ -183,3 +183,25 @@ def test_a_long_prompt_times_the_long_passes_auto_mode_has_not_measured():
         assert set(planner.timing_wanted()) == {16, 32, 64} - timed  # timed once a run
         if 64 in timed:
             assert planner.cost.v(64) == pytest.approx(1 + grows * 63)
+
+
+def test_the_long_passes_are_timed_once_per_machine_even_on_a_cached_prompt():
+    """A run's timings become the next run's prior (what a closed planner saves): the
+    next run on the same machine needs no timing; a run without them times the long
+    passes even where the prompt is cached already (evaluating its tail again)."""
+    grows, prompt = 0.2, walk((3, 5), 300)
+    clock = SimClock()
+    target = fibonacci_target(clock, grows * STEP)
+    prior = {"v": {str(n): 1 + grows * (n - 1) for n in (2, 3, 4, 5, 8, 9)}, "c": {}}
+    engine = Engine(target, clock=clock)
+    engine.generate(prompt, GREEDY, max_tokens=4, speculative=False)  # the prompt is cached now
+    first = AdaptivePlanner([PromptLookup(max_ngram=8)], CostModel(prior), PolicyConfig())
+    engine.configure(None, "auto", first)
+    stats = engine.generate(prompt, GREEDY, max_tokens=4).stats
+    assert {16, 32, 64} <= set(first.cost.measured_sizes())
+    assert stats.prompt_eval_tokens == 16 + 32 + 64 + 1  # the tail again, and the last token
+    saved = first.cost.as_prior()
+    second = AdaptivePlanner([PromptLookup(max_ngram=8)], CostModel(saved), PolicyConfig())
+    assert second.timing_wanted() == ()
+    engine.configure(None, "auto", second)
+    assert engine.generate(prompt, GREEDY, max_tokens=4).stats.prompt_eval_tokens == 1
