@@ -20,7 +20,8 @@ from .costs import CALIBRATION_SIZES, LONG_SIZES, CostModel, calibrate
 from .drafters import DraftModel, PromptLookup
 from .engine import Engine
 from .errors import EdgespecError
-from .loading import BUILTIN_DRAFTERS, BackendOptions, load_backend, pick_backend
+from .loading import BUILTIN_DRAFTERS, BackendOptions, load_backend
+from .model_args import pick_backend
 from .models import resolve_model
 from .prompt_sets import load_conversations
 from .prompting import chat_prompt_ids
@@ -44,6 +45,9 @@ class BenchConfig:
     repeat: int = 1
     auto: bool = True
     seed: int = 0
+    # "exact": a draft model's own draws and the exact rule; "invariant": seed-invariant
+    # sampling (edgespec.coupling). Every run is seeded, so the mode is set explicitly.
+    sampling: list[str] = field(default_factory=lambda: ["exact"])
 
 
 @dataclass
@@ -69,6 +73,7 @@ class RunRecord:
     accepted_per_position: list[int]
     rounds_per_drafter: dict[str, int]
     turn: int = 1        # which user turn of a conversation (1 for single prompts)
+    sampling: str = "exact"
 
 
 def validate(config: BenchConfig, options: BackendOptions) -> dict[str, list[list[str]]]:
@@ -83,10 +88,12 @@ def validate(config: BenchConfig, options: BackendOptions) -> dict[str, list[lis
         raise EdgespecError("invalid --num-draft: every k must be >= 1")
     if any(t < 0 for t in config.temperatures):
         raise EdgespecError("invalid --temp: temperatures must be >= 0")
+    if not config.sampling or any(m not in ("exact", "invariant") for m in config.sampling):
+        raise EdgespecError("invalid --sampling: give exact, invariant or both (comma-separated)")
     if config.max_tokens < 1 or config.repeat < 1 or config.prompts_per_set < 1:
         raise EdgespecError("--max-tokens, --repeat and --prompts-per-set must be >= 1")
     if pick_backend(config.target, options.backend) == "llama.cpp":
-        from .backends.llamacpp import GGUFTokenizer
+        from .backends.gguf_tokenizer import GGUFTokenizer
         from .compat import compatibility_problems
         target = GGUFTokenizer.from_file(resolve_model(config.target, fetch=options.fetch))
         target.name = config.target
@@ -132,41 +139,44 @@ def run_bench(config: BenchConfig, options: BackendOptions, *, progress=None, lo
     # to ask: the suffix drafter when it is listed, else prompt lookup.
     auto_drafter = model_drafters[0] if model_drafters else None
     auto_cheap = drafters.get("suffix") or PromptLookup(max_ngram=8)
-    total = (config.repeat * len(config.temperatures) * sum(len(c) for p in prompts.values() for c in p)
-             * (2 + len(fixed) + config.auto))
+    total = (config.repeat * len(config.temperatures) * len(config.sampling)
+             * sum(len(c) for p in prompts.values() for c in p) * (2 + len(fixed) + config.auto))
     runs: list[RunRecord] = []
     done = 0
-    for repeat in range(config.repeat):
-        for temperature in config.temperatures:
-            for set_name, conversations in prompts.items():
-                for index, turns in enumerate(conversations):
-                    params = SamplingParams(temperature=temperature, seed=config.seed + repeat)
-                    plans = [("plain", "none", 0)] + [("fixed", name, k) for name, k in fixed]
-                    if config.auto:
-                        plans.append(("auto", auto_drafter.name if auto_drafter else auto_cheap.name, 0))
-                    plans.append(("plain", "none", 0))
-                    replies = []  # per plan, a generation per turn
-                    for mode, name, k in plans:
-                        replies.append([])
-                        drafter = auto_cheap if mode == "auto" and auto_drafter is None \
-                            else drafters.get(name)
-                        for g in _run_conversation(engine, target, mode, drafter, k, prior, turns,
-                                                   params, config, auto_cheap):
-                            replies[-1].append(g)
-                            done += 1
-                            if progress:
-                                progress(done, total, _record(mode, g.stats.drafter, k, temperature,
-                                                              set_name, index, repeat, g, 0.0))
-                    # Plain decoding before and after the modes: their mean is the base, so a
-                    # machine that speeds up or slows down during the prompt biases no mode.
-                    for turn in range(len(turns)):
-                        base = statistics.mean(replies[i][turn].stats.tokens_per_second for i in (0, -1))
-                        # Later turns of a conversation are a set of their own: they are
-                        # where earlier answers can be drafted from.
-                        name = set_name if turn == 0 else f"{set_name}@2+"
-                        for (mode, _, k), gens in zip(plans, replies):
-                            runs.append(_record(mode, gens[turn].stats.drafter, k, temperature, name,
-                                                index, repeat, gens[turn], base, turn + 1))
+    sweeps = [(repeat, temperature, sampling) for repeat in range(config.repeat)
+              for temperature in config.temperatures for sampling in config.sampling]
+    for repeat, temperature, sampling in sweeps:
+        for set_name, conversations in prompts.items():
+            for index, turns in enumerate(conversations):
+                params = SamplingParams(temperature=temperature, seed=config.seed + repeat,
+                                        invariant=sampling == "invariant")
+                plans = [("plain", "none", 0)] + [("fixed", name, k) for name, k in fixed]
+                if config.auto:
+                    plans.append(("auto", auto_drafter.name if auto_drafter else auto_cheap.name, 0))
+                plans.append(("plain", "none", 0))
+                replies = []  # per plan, a generation per turn
+                for mode, name, k in plans:
+                    replies.append([])
+                    drafter = auto_cheap if mode == "auto" and auto_drafter is None \
+                        else drafters.get(name)
+                    for g in _run_conversation(engine, target, mode, drafter, k, prior, turns,
+                                               params, config, auto_cheap):
+                        replies[-1].append(g)
+                        done += 1
+                        if progress:
+                            progress(done, total, _record(mode, g.stats.drafter, k, temperature,
+                                                          set_name, index, repeat, g, 0.0,
+                                                          sampling=sampling))
+                # Plain decoding before and after the modes: their mean is the base, so a
+                # machine that speeds up or slows down during the prompt biases no mode.
+                for turn in range(len(turns)):
+                    base = statistics.mean(replies[i][turn].stats.tokens_per_second for i in (0, -1))
+                    # Later turns of a conversation are a set of their own: they are
+                    # where earlier answers can be drafted from.
+                    name = set_name if turn == 0 else f"{set_name}@2+"
+                    for (mode, _, k), gens in zip(plans, replies):
+                        runs.append(_record(mode, gens[turn].stats.drafter, k, temperature, name,
+                                            index, repeat, gens[turn], base, turn + 1, sampling))
     result = {
         "schema_version": SCHEMA_VERSION,
         "machine": {"node": platform.node(), "machine": platform.machine(),
@@ -215,21 +225,23 @@ def _run_conversation(engine: Engine, target, mode: str, drafter, k: int, prior:
         yield generation
 
 
-def _record(mode, drafter, k, temperature, set_name, index, repeat, g, base, turn=1) -> RunRecord:
+def _record(mode, drafter, k, temperature, set_name, index, repeat, g, base, turn=1,
+            sampling="exact") -> RunRecord:
     s = g.stats
     return RunRecord(mode, drafter, k, temperature, set_name, index, repeat, s.generated_tokens,
                      s.tokens_per_second, base, s.tokens_per_second / base if base else 0.0,
                      s.rounds, s.plain_steps, s.drafted, s.accepted, list(s.drafted_per_position),
-                     list(s.accepted_per_position), dict(s.rounds_per_drafter), turn)
+                     list(s.accepted_per_position), dict(s.rounds_per_drafter), turn, sampling)
 
 
 def summarize(runs: list[RunRecord], memory: dict[str, int]) -> list[dict]:
-    """One row per (mode, drafter, k, temperature, prompt set)."""
+    """One row per (mode, drafter, k, temperature, sampling, prompt set)."""
     groups: dict[tuple, list[RunRecord]] = {}
     for r in runs:
-        groups.setdefault((r.mode, r.drafter, r.num_draft, r.temperature, r.prompt_set), []).append(r)
+        groups.setdefault((r.mode, r.drafter, r.num_draft, r.temperature, r.sampling, r.prompt_set),
+                          []).append(r)
     rows = []
-    for (mode, drafter, k, temperature, set_name), rs in groups.items():
+    for (mode, drafter, k, temperature, sampling, set_name), rs in groups.items():
         drafted, accepted, rounds = (sum(r.drafted for r in rs), sum(r.accepted for r in rs),
                                      sum(r.rounds for r in rs))
         width = max((len(r.drafted_per_position) for r in rs), default=0)
@@ -241,6 +253,7 @@ def summarize(runs: list[RunRecord], memory: dict[str, int]) -> list[dict]:
         base_name = drafter.split("(")[-1].rstrip(")").split("+")[-1] if mode == "auto" else drafter
         rows.append({
             "mode": mode, "drafter": drafter, "num_draft": k, "temperature": temperature,
+            "sampling": sampling,
             "prompt_set": set_name, "runs": len(rs),
             "acceptance_rate": accepted / drafted if drafted else 0.0,
             "mean_accepted_length": 1 + accepted / rounds if rounds else 1.0,

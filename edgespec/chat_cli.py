@@ -6,6 +6,7 @@ import os
 import sys
 from pathlib import Path
 
+from .cli_options import add_model_options
 from .errors import EdgespecError
 from .models import edgespec_home
 from .session import ChatSession
@@ -130,7 +131,7 @@ def _set(session: ChatSession, arg: str, out) -> None:
         elif field == "top_k":
             session.params = session.params.with_(top_k=int(value))
         elif field == "num_draft":
-            from .cli import num_draft_arg
+            from .cli_options import num_draft_arg
             try:
                 k = num_draft_arg(value)
             except Exception as exc:
@@ -172,7 +173,7 @@ def _reply(session: ChatSession, text: str, *, show_draft: bool, color: bool, ou
 
 def run_chat(args) -> int:
     """The chat loop (arguments from ``edgespec chat``)."""
-    from .cli import build_engine, on_accelerator, sampling_params
+    from .cli_options import build_engine, on_accelerator, sampling_params
     from .models import defaults
 
     params = sampling_params(args)
@@ -229,7 +230,7 @@ def run_chat(args) -> int:
     return 0
 
 
-def add_chat_parser(commands, add_model_options) -> None:
+def add_chat_parser(commands) -> None:
     """Register ``edgespec chat`` on the CLI."""
     p = commands.add_parser("chat", help="chat in the terminal (default pairing without -m)")
     add_model_options(p, model_required=False)

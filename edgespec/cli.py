@@ -4,125 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import sys
 import threading
 from pathlib import Path
 
+from .cli_options import (BACKENDS, BackendOptions, add_model_options, add_rpc_option, build_engine,
+                          sampling_params, writable)
 from .errors import EdgespecError
-from .loading import BACKENDS, BackendOptions
-
-
-def add_model_options(parser: argparse.ArgumentParser, *, model_required: bool = True) -> None:
-    """The options shared by every command that runs models (llama.cpp names)."""
-    parser.add_argument("-m", "--model", required=model_required,
-                        help="target model: a .gguf path, an MLX directory or Hub id, "
-                             "or a name from `edgespec models list`")
-    parser.add_argument("-d", "--draft", default=None,
-                        help="drafter: a draft model (path or name), 'lookup' for prompt lookup (the "
-                             "default), or 'suffix' (continuation counts over this and earlier "
-                             "conversations)")
-    parser.add_argument("--backend", choices=BACKENDS, default="auto",
-                        help="auto: MLX on Apple Silicon, llama.cpp elsewhere")
-    parser.add_argument("--draft-backend", choices=BACKENDS, default=None,
-                        help="backend of the draft model (default: as --backend); mixed pairs work")
-    parser.add_argument("--temp", type=float, default=0.8, help="temperature; 0 = greedy")
-    parser.add_argument("--top-k", type=int, default=0, help="0 = off")
-    parser.add_argument("--top-p", type=float, default=1.0, help="1 = off")
-    parser.add_argument("--min-p", type=float, default=0.0, help="0 = off")
-    parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--num-draft", type=num_draft_arg, default="auto",
-                        help="tokens drafted per round (k), or 'auto' (default): choose the "
-                             "drafter and k each round from measured cost and acceptance")
-    parser.add_argument("--draft-p-min", type=float, default=None,
-                        help="the draft model stops below this top probability (default: "
-                             "learned from acceptance with --num-draft auto, else 0)")
-    parser.add_argument("--no-spec", action="store_true", help="plain decoding, no drafter")
-    parser.add_argument("-ngl", "--n-gpu-layers", type=int, default=0,
-                        help="layers to offload to the GPU (CUDA/Metal builds of llama.cpp)")
-    parser.add_argument("-ngld", "--n-gpu-layers-draft", type=int, default=None,
-                        help="the same for the draft model (default: as -ngl)")
-    add_rpc_option(parser)
-    parser.add_argument("--rpc-draft", default=None, metavar="HOST:PORT[,...]",
-                        help="rpc-server(s) for the draft model's layers (default: this machine)")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="CPU threads (default: physical cores)")
-    parser.add_argument("-td", "--threads-draft", type=int, default=None,
-                        help="CPU threads of the draft model (default: as --threads)")
-    parser.add_argument("--ctx", type=int, default=4096, help="context size in tokens")
-    parser.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto")
-    parser.add_argument("--mlx-quantize", choices=("4bit", "8bit", "none"), default="4bit",
-                        help="MLX: requantize GGUF tensors other than Q4_0/Q4_1/Q8_0 to this")
-
-
-def add_rpc_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--rpc", default=None, metavar="HOST:PORT[,...]",
-                        help="put the target's layers on these rpc-servers (llama.cpp's RPC "
-                             "backend; the draft model stays here); see `edgespec info`")
-
-
-def num_draft_arg(value: str) -> int | str:
-    """``--num-draft``: a positive integer or ``auto``."""
-    if value == "auto":
-        return value
-    try:
-        k = int(value)
-    except ValueError:
-        k = 0
-    if k < 1:
-        raise argparse.ArgumentTypeError(f"invalid --num-draft {value!r}: must be 'auto' or an integer >= 1")
-    return k
-
-
-def backend_options(args) -> BackendOptions:
-    """The backend options given on the command line."""
-    return BackendOptions(backend=args.backend, n_ctx=args.ctx, n_threads=args.threads,
-                          n_gpu_layers=args.n_gpu_layers,
-                          flash_attn={"auto": None, "on": True, "off": False}[args.flash_attn],
-                          mlx_quantize=args.mlx_quantize)
-
-
-def sampling_params(args):
-    """The sampling options given on the command line, validated."""
-    from .sampling import SamplingParams
-    try:
-        return SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
-                              min_p=args.min_p, seed=args.seed)
-    except ValueError as exc:
-        raise EdgespecError(f"{exc}") from None
-
-
-def on_accelerator(args) -> bool:
-    """Whether the target runs on a GPU: layers offloaded (-ngl), or MLX on Apple Silicon."""
-    from .loading import on_apple_silicon, pick_backend
-    return args.n_gpu_layers != 0 or (on_apple_silicon() and pick_backend(args.model, args.backend) == "mlx")
-
-
-def build_engine(args, *, fetch: bool = False):
-    """Load target and drafter as the arguments say and return an Engine.
-
-    Without ``-d`` (and no saved profile): auto mode over prompt lookup."""
-    from .api import load
-    from .costs import load_profile
-
-    o = backend_options(args)
-    if args.draft is None and not args.no_spec:
-        profile = load_profile(args.model)
-        if profile:  # `edgespec bench --save-profile` measured the best pairing here
-            args.draft, args.num_draft = profile["draft"], profile["num_draft"]
-            print(f"(saved profile: drafter {args.draft}, k={args.num_draft})", file=sys.stderr)
-        else:  # prompt lookup costs nothing to ask, and auto mode drafts only where it pays
-            args.draft = "lookup"
-    if args.draft_p_min is not None and not 0 <= args.draft_p_min < 1:
-        raise EdgespecError(f"invalid --draft-p-min {args.draft_p_min}: must be 0 <= p < 1")
-    return load(args.model, None if args.no_spec else args.draft, args.backend,
-                draft_backend=args.draft_backend,
-                num_draft=4 if args.no_spec else args.num_draft,  # no drafter at all: plain
-                draft_p_min=args.draft_p_min, n_ctx=o.n_ctx,
-                n_threads=o.n_threads, n_gpu_layers=o.n_gpu_layers, flash_attn=o.flash_attn,
-                draft_n_threads=args.threads_draft, draft_n_gpu_layers=args.n_gpu_layers_draft,
-                mlx_quantize=o.mlx_quantize, fetch=fetch, rpc=args.rpc, draft_rpc=args.rpc_draft)
 
 
 # -- generate ------------------------------------------------------------------------
@@ -224,7 +113,8 @@ def cmd_bench(args) -> int:
                          temperatures=numbers(args.temp, float, "--temp"),
                          prompt_sets=[p.strip() for p in args.prompts.split(",") if p.strip()],
                          prompts_per_set=args.prompts_per_set, max_tokens=args.max_tokens,
-                         repeat=args.repeat, auto=not args.no_auto)
+                         repeat=args.repeat, auto=not args.no_auto,
+                         sampling=[m.strip() for m in args.sampling.split(",") if m.strip()])
     options = BackendOptions(backend=args.backend, n_ctx=args.ctx, n_threads=args.threads,
                              n_gpu_layers=args.n_gpu_layers, fetch=True, rpc=args.rpc or ())
     outputs = [(writable(path, flag), write) for path, flag, write in (
@@ -251,18 +141,6 @@ def cmd_bench(args) -> int:
         saved = save_profile(result["target"], result["recommendation"])
         print(f"saved profile: {saved}" if saved else "no profile saved: plain decoding won")
     return 0
-
-
-def writable(path: str, flag: str) -> str:
-    """``path`` if a file can be written there; checked before a long run, not after it."""
-    folder = Path(path).expanduser().absolute().parent
-    if not folder.is_dir():
-        raise EdgespecError(f"cannot write {flag} {path}: the folder {folder} does not exist "
-                            f"(create it, or choose another path)")
-    if not os.access(folder, os.W_OK):
-        raise EdgespecError(f"cannot write {flag} {path}: the folder {folder} is not writable "
-                            f"(choose another path)")
-    return path
 
 
 # -- models --------------------------------------------------------------------------
@@ -366,7 +244,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_generate)
 
     from .chat_cli import add_chat_parser
-    add_chat_parser(commands, add_model_options)
+    add_chat_parser(commands)
 
     p = commands.add_parser("verify", help="check that speculation is exact with this pair, here "
                                            "(the default pairing without -m)")
@@ -412,6 +290,9 @@ def make_parser() -> argparse.ArgumentParser:
                         "code-val, edit-val, chat-val; multi-turn conversations, each turn "
                         "measured with the KV cache and drafters carried over: edit-chain, "
                         "edit-chain-val) or prompt files")
+    p.add_argument("--sampling", default="exact",
+                   help="comma-separated: exact (a draft model's own draws, the exact rule), "
+                        "invariant (seed-invariant sampling); every run is seeded")
     p.add_argument("--prompts-per-set", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--repeat", type=int, default=1)

@@ -175,7 +175,7 @@ def check_gguf_structure(gguf_path: Path) -> None:
     """Let llama.cpp's parser read the file first: it bounds every count by the
     file's size, where the ``gguf`` package would allocate whatever a (hostile)
     header declares, e.g. a metadata array of 2**40 elements."""
-    from .backends.llamacpp import GGUFTokenizer
+    from .backends.gguf_tokenizer import GGUFTokenizer
     GGUFTokenizer.from_file(gguf_path).close()
 
 

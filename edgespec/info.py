@@ -30,7 +30,7 @@ def _llama_cpp() -> list[tuple[str, str]]:
 def _llama_cpp_rows() -> list[tuple[str, str]]:
     import llama_cpp
 
-    from .backends.llamacpp import physical_core_count
+    from .backends.llama_lib import physical_core_count
     from .backends.repack import describe as describe_repacking
     rows = [("llama.cpp", f"loads (llama-cpp-python {getattr(llama_cpp, '__version__', '?')})"),
             ("  GPU offload (-ngl)", "supported" if llama_cpp.llama_supports_gpu_offload()

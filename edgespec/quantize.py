@@ -36,7 +36,7 @@ def quantize_gguf(source: str | os.PathLike, destination: str | os.PathLike, typ
     --allow-requantize``): quality is lower than quantizing from F16/BF16.
     ``progress(done, total)`` is called per tensor.
     """
-    from .backends.llamacpp import _llama, _Log, check_gguf_file
+    from .backends.llama_lib import Log, check_gguf_file, llama
 
     name = type_name.upper()
     if name not in GGUF_TYPES:
@@ -44,9 +44,9 @@ def quantize_gguf(source: str | os.PathLike, destination: str | os.PathLike, typ
                             f"({', '.join(GGUF_TYPES)}) or, for MLX, {', '.join(MLX_TYPES)}")
     source = check_gguf_file(source)
     destination = _output_path(source, destination)
-    _Log.install()
-    params = _llama.llama_model_quantize_default_params()
-    params.ftype = getattr(_llama, f"LLAMA_FTYPE_MOSTLY_{name}")
+    Log.install()
+    params = llama.llama_model_quantize_default_params()
+    params.ftype = getattr(llama, f"LLAMA_FTYPE_MOSTLY_{name}")
     params.allow_requantize = True
     params.nthread = n_threads or 0
     partial = destination.with_name(destination.name + ".partial")
@@ -56,16 +56,16 @@ def quantize_gguf(source: str | os.PathLike, destination: str | os.PathLike, typ
         if match and progress:
             progress(int(match.group(1)), int(match.group(2)))
 
-    _Log.listener = listen
+    Log.listener = listen
     try:
-        status = _llama.llama_model_quantize(str(source).encode(), str(partial).encode(),
+        status = llama.llama_model_quantize(str(source).encode(), str(partial).encode(),
                                              ctypes.byref(params))
     finally:
-        _Log.listener = None
+        Log.listener = None
     if status != 0:
         partial.unlink(missing_ok=True)
         raise EdgespecError(f"llama.cpp could not quantize {source} to {name} "
-                            f"({_Log.last_error()}): try another type, or an F16 source")
+                            f"({Log.last_error()}): try another type, or an F16 source")
     os.replace(partial, destination)
     return destination
 
@@ -81,7 +81,7 @@ def quantize_mlx(source: str | os.PathLike, destination: str | os.PathLike, bits
         raise EdgespecError(f"model not found: {source}: give an mlx-lm folder or a .gguf file")
     if source.is_file():
         from .gguf_mlx import convert_gguf
-        from .backends.llamacpp import check_gguf_file
+        from .backends.llama_lib import check_gguf_file
         folder = convert_gguf(check_gguf_file(source), quantize="none")
     else:
         folder = source

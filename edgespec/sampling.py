@@ -28,8 +28,9 @@ class SamplingParams:
     ``seed`` makes sampling reproducible; ``None`` draws a fresh seed.
     ``invariant``: seed-invariant sampling (:mod:`edgespec.coupling`): each token
     is decided by noise keyed by the seed and its position, so a seed gives one
-    text whatever the drafter, k or speculation on or off (the exact rule
-    accepts a draft model's tokens a little more often).
+    text whatever the drafter, k or speculation on or off. ``None`` (the default):
+    on when a seed is given. ``False``: the exact rule with a draft model's own
+    draws, which accepts a draft model's tokens a little more often.
     """
 
     temperature: float = 0.8
@@ -37,7 +38,7 @@ class SamplingParams:
     top_p: float = 1.0
     min_p: float = 0.0
     seed: int | None = None
-    invariant: bool = False
+    invariant: bool | None = None
 
     def __post_init__(self) -> None:
         for field in ("temperature", "top_p", "min_p"):  # "0.7" or None: say so, not TypeError
@@ -52,12 +53,18 @@ class SamplingParams:
         _check(0 <= self.min_p < 1, "min_p", self.min_p, "0 <= min_p < 1 (0 disables it)")
         _check(self.seed is None or (isinstance(self.seed, (int, np.integer)) and self.seed >= 0),
                "seed", self.seed, "a non-negative integer, or None for a random seed")
-        _check(isinstance(self.invariant, (bool, np.bool_)), "invariant", self.invariant, "True or False")
+        _check(self.invariant is None or isinstance(self.invariant, (bool, np.bool_)), "invariant",
+               self.invariant, "True, False or None (on when a seed is given)")
 
     @property
     def greedy(self) -> bool:
         """True when decoding takes the argmax (temperature 0)."""
         return self.temperature == 0
+
+    @property
+    def seed_invariant(self) -> bool:
+        """Whether sampling is seed-invariant (``invariant``, or else whether a seed is given)."""
+        return self.seed is not None if self.invariant is None else bool(self.invariant)
 
     @property
     def inverse_temperature(self) -> float:
@@ -343,8 +350,8 @@ def sample_from(probs: np.ndarray, rng: np.random.Generator,
 
 def make_rng(params: SamplingParams):
     """The random state of one generation under ``params``: a numpy generator, or
-    with ``params.invariant`` the :class:`~edgespec.coupling.Coupling` of its seed."""
-    if params.invariant:
+    when seed-invariant the :class:`~edgespec.coupling.Coupling` of its seed."""
+    if params.seed_invariant:
         from .coupling import Coupling
         return Coupling(params.seed)
     return np.random.default_rng(params.seed)

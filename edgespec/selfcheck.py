@@ -33,7 +33,7 @@ import numpy as np
 from .coupling import BLOCK, Coupling, exp_noise, position_keys
 from .drafters import DraftModel, PromptLookup
 from .engine import Engine
-from .sampling import SamplingParams, block_sums, logits_to_probs, weights_and_blocks
+from .sampling import SamplingParams, logits_to_probs, weights_and_blocks
 from .verify import rejection_sample
 
 SIGNIFICANCE = 0.001   # of each distribution test

@@ -56,7 +56,7 @@ def sample_continuations(engine: Engine, prompt: list[int], params: SamplingPara
     totals = GenerationStats()
     for _ in range(num_samples):
         # Seed-invariant sampling: a seed of its own per sample (drawn from the fixed one).
-        noise = Coupling(int(rng.integers(2**62))) if params.invariant else rng
+        noise = Coupling(int(rng.integers(2**62))) if params.seed_invariant else rng
         generation = engine.generate(prompt, params, max_tokens=length, rng=noise)
         counts[tuple(generation.token_ids)] += 1
         totals.merge(generation.stats)

@@ -143,7 +143,7 @@ def test_sweep_on_tiny_models_and_its_json_schema(text_models, tmp_path):
     # calibration holds: auto mode starts here from the prior it has in `edgespec generate`.
     assert set(data["costs"]["v"]) >= {"1", "2", "4"} | {str(n) for n in CALIBRATION_SIZES}
     assert data["costs"]["v"]["1"] == pytest.approx(1.0) and set(data["costs"]["c"]) == {model}
-    row_keys = {"mode", "drafter", "num_draft", "temperature", "prompt_set", "runs", "acceptance_rate",
+    row_keys = {"mode", "drafter", "num_draft", "temperature", "sampling", "prompt_set", "runs", "acceptance_rate",
                 "mean_accepted_length", "acceptance_per_position", "tokens_per_second",
                 "speedup_geomean", "speedup_median", "speedup_min", "speedup_max", "drafter_memory_bytes"}
     assert all(set(row) == row_keys for row in data["summary"])

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from edgespec.backends import repack
-from edgespec.backends.llamacpp import LlamaCppBackend, _Log
+from edgespec.backends.llama_lib import Log
+from edgespec.backends.llamacpp import LlamaCppBackend
 from edgespec.drafters import PromptLookup
 from edgespec.engine import Engine
 from edgespec.sampling import SamplingParams
@@ -62,9 +63,9 @@ def load(path, mode, monkeypatch):
     """The model loaded with repacking ``mode``, and llama.cpp's buffer lines while loading."""
     monkeypatch.setenv("EDGESPEC_LLAMA_REPACK", mode)
     lines = []
-    monkeypatch.setattr(_Log, "listener", lines.append)
+    monkeypatch.setattr(Log, "listener", lines.append)
     backend = LlamaCppBackend(path, n_ctx=256)
-    monkeypatch.setattr(_Log, "listener", None)
+    monkeypatch.setattr(Log, "listener", None)
     return backend, [line for line in lines if "buffer size" in line]
 
 

@@ -188,13 +188,14 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 def load_mlx_backend(spec: str, options, *, name: str) -> MlxBackend:
     """Load ``spec`` (GGUF file, model name, mlx-lm folder or Hub id) on MLX."""
-    from ..loading import is_gguf, looks_like_hub_id
+    from ..model_args import looks_like_hub_id
     from ..models import resolve_model
 
     path = Path(spec).expanduser()
     if not path.is_dir() and not (looks_like_hub_id(spec) and not path.exists()):
         path = resolve_model(spec, fetch=options.fetch)  # a GGUF file or a known model name
-        from .llamacpp import GGUFTokenizer, check_gguf_file
+        from .gguf_tokenizer import GGUFTokenizer
+        from .llama_lib import check_gguf_file
         check_gguf_file(path)
         from ..gguf_mlx import convert_gguf
         folder = convert_gguf(path, quantize=options.mlx_quantize)
