@@ -25,7 +25,7 @@ ids to finish an Exp race finishes at rate equal to the block's total), then the
 ids of the winning block race. A 150k vocabulary then needs 150 + 1024 noise
 values a token instead of 150k. The noise comes from a counter-based hash
 (splitmix64) of (seed, position, id), so numpy on the host and MLX on a device
-compute the same numbers (:func:`edgespec.mlx_ops.coupled_pick`).
+compute the same numbers (:func:`edgespec.backends.mlx_ops.coupled_pick`).
 """
 
 from __future__ import annotations

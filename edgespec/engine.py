@@ -104,6 +104,7 @@ class Engine:
         self.target = target
         self._clock = clock  # what times passes (tests give toy models a simulated one)
         self.target_cache = CachedModel(target)
+        # A backend whose logits stay on its device (MLX) verifies there (Backend.verify).
         self._on_device = bool(getattr(target, "device_logits", False))
         self._scratch = Scratch()  # the target's rows on the host, reused every round
         self._busy = threading.Lock()  # held by the one generation running
@@ -410,7 +411,10 @@ class Engine:
         if all but the first had been drafted): what a round's pass costs."""
         start = self._clock()
         logits = self.target_cache.forward(tokens, on_device=self._on_device)
-        verify_round(logits, tokens[1:], None, _GREEDY, None, confidence=False, scratch=self._scratch)
+        if self._on_device:
+            self.target.verify(logits, tokens[1:], None, _GREEDY, None)
+        else:
+            verify_round(logits, tokens[1:], None, _GREEDY, None, confidence=False, scratch=self._scratch)
         return self._clock() - start
 
     def _round(self, run: _Run) -> list[tuple[int, bool]]:
@@ -432,9 +436,14 @@ class Engine:
         # [n, V]; a backend whose logits stay on its device (MLX) keeps them there.
         logits = self.target_cache.forward([ctx[-1], *draft.token_ids[:runnable]],
                                            on_device=self._on_device)
-        verdict, top_probs = verify_round(logits, draft.token_ids, draft.probs, run.params, run.rng,
-                                          draft_scales=draft.scales, confidence=self.planner.wants_confidence,
-                                          scratch=self._scratch, position=len(ctx))
+        if self._on_device and len(logits) == len(draft) + 1:  # (not with an id the target lacks)
+            verdict, top_probs = self.target.verify(logits, draft.token_ids, draft.probs, run.params,
+                                                    run.rng, draft_scales=draft.scales, position=len(ctx))
+        else:
+            verdict, top_probs = verify_round(logits, draft.token_ids, draft.probs, run.params, run.rng,
+                                              draft_scales=draft.scales,
+                                              confidence=self.planner.wants_confidence,
+                                              scratch=self._scratch, position=len(ctx))
         seconds = self._clock() - start
 
         self.planner.observe(RoundResult(

@@ -171,29 +171,19 @@ def _fit_vocab(draft_probs: np.ndarray, vocab_size: int) -> np.ndarray:
     return np.pad(draft_probs, ((0, 0), (0, vocab_size - width)))
 
 
-def verify_round(logits, draft_token_ids: Sequence[int], draft_probs, params: SamplingParams,
+def verify_round(logits: np.ndarray, draft_token_ids: Sequence[int], draft_probs, params: SamplingParams,
                  rng, *, draft_scales: np.ndarray | None = None, confidence: bool = True,
                  scratch: Scratch | None = None, position: int = 0) -> tuple[Verdict, np.ndarray]:
-    """The verdict on a round from the target's rows of logits ``[n, V]``, and the
-    target's top probability at each token it commits (for the planner; empty
-    without ``confidence``). ``draft_scales``: as in :func:`rejection_sample`.
-    ``scratch``: where the target's rows are computed on the host (the caller's,
-    reused round after round). ``rng`` and ``position``: as for
-    :func:`rejection_sample`.
+    """The verdict on a round from the target's rows of logits ``[n, V]``, on the
+    host, and the target's top probability at each token it commits (for the
+    planner; empty without ``confidence``). Greedy, or :func:`rejection_sample`
+    over rows computed as it reads them. ``draft_scales``, ``rng`` and
+    ``position``: as for :func:`rejection_sample`. ``scratch``: where the
+    target's rows are computed (the caller's, reused round after round).
 
-    Numpy logits are verified on the host (greedy, or :func:`rejection_sample`
-    over rows computed as it reads them); an MLX array where it lives
-    (:func:`edgespec.mlx_ops.verify_on_device`, one synchronization), unless a
-    draft lies outside the target's vocabulary (rare: then on the host).
+    (A backend whose logits stay on its device verifies there: ``Backend.verify``.)
     """
-    if draft_scales is not None and not isinstance(logits, np.ndarray):  # for a device: q itself
-        draft_probs, draft_scales = draft_probs * np.asarray(draft_scales, np.float32)[:, None], None
-    if type(logits).__module__.startswith("mlx"):
-        if logits.shape[0] == len(draft_token_ids) + 1 and \
-                runnable_drafts(draft_token_ids, logits.shape[-1]) == len(draft_token_ids):
-            from .mlx_ops import verify_on_device
-            return verify_on_device(logits, draft_token_ids, draft_probs, params, rng, position=position)
-        logits = np.array(logits)
+    logits = np.asarray(logits)
     if draft_probs is not None and not isinstance(draft_probs, np.ndarray):
         draft_probs = np.array(draft_probs)  # q from a device drafter, for a host target
     if params.greedy:

@@ -49,7 +49,7 @@ def test_the_chi_square_tail_matches_scipy():
 def test_host_and_device_draw_the_same_noise_and_winners():
     import mlx.core as mx
 
-    from edgespec import mlx_ops
+    from edgespec.backends import mlx_ops
     rng = np.random.default_rng(1)
     p = rng.random((3, 2500)).astype(np.float32) ** 6
     p /= p.sum(axis=-1, keepdims=True)

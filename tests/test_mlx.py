@@ -212,7 +212,7 @@ def test_smollm2_q4_1_greedy_agrees_across_backends_up_to_near_ties(smollm2_on_b
 def test_mlx_drafts_and_verifies_with_one_host_sync_each_per_round(exactness_pair, temperature):
     """On MLX the draft loop (k forwards, each fed the token sampled on the device)
     and the verification each evaluate once: two host synchronizations a round."""
-    from edgespec import mlx_ops
+    from edgespec.backends import mlx_ops
     target_path, draft_path = exactness_pair
     engine = Engine(mlx(target_path, 128), DraftModel(mlx(draft_path, 128)), num_draft=4)
     before = mlx_ops.host_syncs
@@ -230,7 +230,8 @@ def test_mlx_drafts_and_verifies_with_one_host_sync_each_per_round(exactness_pai
 def test_device_probabilities_equal_the_host_ones(params):
     import mlx.core as mx
 
-    from edgespec import logits_to_probs, mlx_ops
+    from edgespec import logits_to_probs
+    from edgespec.backends import mlx_ops
     logits = np.random.default_rng(2).normal(0, 3, (3, 4000)).astype(np.float32)
     np.testing.assert_allclose(np.array(mlx_ops.probs(mx.array(logits), params)),
                                logits_to_probs(logits, params), rtol=1e-4, atol=1e-7)

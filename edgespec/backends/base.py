@@ -33,6 +33,13 @@ class Backend(Protocol):
     token after ``tokens[i]``); with ``last_only=True`` only the last row,
     ``[1, V]`` (a prefill). ``rewind(n_past)`` drops everything after the
     first ``n_past`` cached tokens.
+
+    A backend whose logits can stay on its device (MLX) says so with
+    ``device_logits = True``: its ``forward(..., lazy=True)`` returns them
+    unevaluated, and its ``verify(logits, draft_token_ids, draft_probs, params,
+    rng, *, draft_scales, position)`` decides a round there, returning what
+    :func:`edgespec.verify.verify_round` returns (the engine asks for nothing
+    else of it: verification on the host knows no device).
     """
 
     name: str

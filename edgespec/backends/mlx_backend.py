@@ -55,7 +55,7 @@ class MlxBackend(TokenizerMethods):
     def n_past(self) -> int:
         return self._n_past
 
-    device_logits = True  # forward(lazy=True): logits stay on the device (edgespec.mlx_ops)
+    device_logits = True  # forward(lazy=True): logits stay on the device, and verify() there
 
     def forward(self, tokens: Sequence[int] | mx.array, *, last_only: bool = False,
                 lazy: bool = False) -> np.ndarray | mx.array:
@@ -100,6 +100,17 @@ class MlxBackend(TokenizerMethods):
         if extra > 0 and trim_prompt_cache(self.cache, extra) != extra:
             raise EdgespecError(f"{self.name}: the KV cache could not be trimmed by {extra} tokens")
         self._n_past = min(self._n_past, n_past)
+
+    def verify(self, logits: mx.array, draft_token_ids: Sequence[int], draft_probs, params, rng, *,
+               draft_scales: np.ndarray | None = None, position: int = 0):
+        """The verdict on a round from rows of logits ``[k+1, V]`` left on the device by
+        ``forward(lazy=True)``, and the target's top probability at each committed token,
+        in one synchronization (:func:`edgespec.backends.mlx_ops.verify_on_device`);
+        the arguments are :func:`edgespec.verify.verify_round`'s."""
+        from .mlx_ops import verify_on_device
+        if draft_scales is not None:  # the device takes q itself
+            draft_probs = draft_probs * np.asarray(draft_scales, np.float32)[:, None]
+        return verify_on_device(logits, draft_token_ids, draft_probs, params, rng, position=position)
 
     @property
     def memory_bytes(self) -> int:

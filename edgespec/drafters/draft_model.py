@@ -131,7 +131,7 @@ class DraftModel:
         """
         import mlx.core as mx
 
-        from .. import mlx_ops
+        from ..backends import mlx_ops
         coupled = isinstance(rng, Coupling)
         keys = None if params.greedy or coupled else mx.random.split(mlx_ops.key_from(rng), num_draft)
         tokens, confidence, probs = [], [], []

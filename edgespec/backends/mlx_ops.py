@@ -25,9 +25,9 @@ from typing import Sequence
 import mlx.core as mx
 import numpy as np
 
-from .coupling import BLOCK, MIX, UNIFORM_BITS, Coupling, position_keys
-from .sampling import SamplingParams
-from .verify import Verdict, greedy_verify
+from ..coupling import BLOCK, MIX, UNIFORM_BITS, Coupling, position_keys
+from ..sampling import SamplingParams
+from ..verify import Verdict, greedy_verify
 
 host_syncs = 0  # evaluations that brought results to the host, since import
 
