@@ -2,7 +2,8 @@
 
 from .api import load
 from .drafters import Draft, Drafter, DraftModel, PromptLookup
-from .engine import Chunk, Engine, Generation
+from .engine import Engine
+from .generation import Chunk, Generation
 from .errors import EdgespecError
 from .sampling import SamplingParams, logits_to_probs
 from .session import ChatSession

@@ -6,10 +6,9 @@ import os
 from dataclasses import replace
 from typing import Sequence
 
-from .drafters import DraftModel
 from .engine import Engine
 from .errors import EdgespecError
-from .loading import BackendOptions, auto_planner, load_backend, load_drafter
+from .loading import BackendOptions, load_backend, load_drafter
 
 
 def load(model: str | os.PathLike, draft: str | os.PathLike | None = None, backend: str = "auto", *,
@@ -51,13 +50,11 @@ def load(model: str | os.PathLike, draft: str | os.PathLike | None = None, backe
             n_threads=n_threads if draft_n_threads is None else draft_n_threads,
             n_gpu_layers=n_gpu_layers if draft_n_gpu_layers is None else draft_n_gpu_layers,
             rpc=draft_rpc or ())
-        drafter = load_drafter(draft, draft_options)
-        if isinstance(drafter, DraftModel) and draft_p_min is not None:
-            drafter.min_confidence = draft_p_min  # the draft model's own stop, in every mode
-        if num_draft != "auto":
-            return Engine(target, drafter, num_draft=num_draft)
-        # A stop the user chose is kept; otherwise auto mode learns where to stop.
-        return Engine(target, drafter, num_draft="auto", planner=auto_planner(target, drafter))
+        # A stop the user chose is the draft model's own, in every mode (auto mode keeps
+        # it); otherwise auto mode learns where to stop. The engine checks the pair first,
+        # then (in auto mode) times it, the first time, through the caches it generates with.
+        drafter = load_drafter(draft, draft_options, min_confidence=draft_p_min)
+        return Engine(target, drafter, num_draft=num_draft)
     except BaseException:
         target.close()
         raise

@@ -16,8 +16,10 @@ import statistics
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from .costs import CALIBRATION_SIZES, LONG_SIZES, CostModel, calibrate
+from .calibration import calibrate
+from .costs import CALIBRATION_SIZES, LONG_SIZES, CostModel
 from .drafters import DraftModel, PromptLookup
+from .drafters.base import MODEL
 from .engine import Engine
 from .errors import EdgespecError
 from .loading import BUILTIN_DRAFTERS, BackendOptions, load_backend
@@ -124,7 +126,7 @@ def run_bench(config: BenchConfig, options: BackendOptions, *, progress=None, lo
             backend = load_backend(spec, replace(options, rpc=()))  # draft models stay here
             drafters[backend.name] = DraftModel(backend)
             memory[backend.name] = getattr(backend, "memory_bytes", 0)
-    models = [(name, d.backend) for name, d in drafters.items() if isinstance(d, DraftModel)]
+    models = [(name, d.backend) for name, d in drafters.items() if d.kind == MODEL]
     log("measuring the target's batch cost v(n) and each drafter's step cost c ...")
     # The sizes auto mode's cached costs hold once a run has timed its long passes
     # (CALIBRATION_SIZES and LONG_SIZES), so that auto runs here from the prior it has in
@@ -133,7 +135,7 @@ def run_bench(config: BenchConfig, options: BackendOptions, *, progress=None, lo
                                                   | {k + 1 for k in config.num_draft}))
     prior = cost.as_prior()
     engine = Engine(target, None, num_draft=max(config.num_draft, default=4))
-    model_drafters = [d for d in drafters.values() if isinstance(d, DraftModel)]
+    model_drafters = [d for d in drafters.values() if d.kind == MODEL]
     fixed = [(name, k) for name in drafters for k in config.num_draft]
     # Auto mode runs with the first draft model listed and a drafter that costs nothing
     # to ask: the suffix drafter when it is listed, else prompt lookup.

@@ -28,7 +28,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .drafters.base import Draft
+from .drafters.base import COPY, Draft
 from .sampling import SamplingParams
 
 
@@ -95,6 +95,7 @@ class ScheduledDrafter:
     """
 
     name = "oracle"
+    kind = COPY
 
     def __init__(self, reply: Sequence[int], schedule: Sequence[int]):
         self.reply = [int(x) for x in reply]
@@ -114,7 +115,7 @@ class ScheduledDrafter:
         return 0
 
     def propose(self, context: Sequence[int], num_draft: int, params: SamplingParams,
-                rng: np.random.Generator) -> Draft:
+                rng: np.random.Generator, *, min_confidence: float | None = None) -> Draft:
         t = len(context) - self._start
         if list(context[self._start:]) != self.reply[:t]:
             return Draft([])

@@ -95,7 +95,7 @@ def cmd_bench(args) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from .bench import BenchConfig, run_bench, write_csv, write_json, write_plot
-    from .costs import save_profile
+    from .profiles import save_profile
     from .bench_report import print_report
     from .models import stderr_console
 

@@ -109,7 +109,7 @@ def build_engine(args, *, fetch: bool = False):
 
     Without ``-d`` (and no saved profile): auto mode over prompt lookup."""
     from .api import load
-    from .costs import load_profile
+    from .profiles import load_profile
 
     o = backend_options(args)
     if args.draft is None and not args.no_spec:

@@ -1,7 +1,7 @@
 """What passes cost on this machine: measured, robust, and never stale for long.
 
 All costs are ratios to one one-token target pass (a *plain step*), as the
-speed model needs them (DESIGN.md):
+speed model needs them (docs/design.md):
 
 - ``v(n)``: a target pass over n tokens (the verify of n - 1 drafts, with the
   host work of turning its rows into a verdict);
@@ -26,25 +26,14 @@ drafter out). What a
 run saves for the next is surer than that: the prior counts as a few samples
 beside this run's, and a size this run did not time keeps the prior's value.
 
-The module also owns the cache files: the calibration of each model pair on
-this machine, and the pairing ``edgespec bench --save-profile`` recommends.
+What is measured is kept between runs by :mod:`edgespec.calibration`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import platform
 import statistics
-import sys
-import time
 from collections import deque
-from pathlib import Path
-from typing import Callable, Sequence
-
-from .backends.base import Backend
-from .errors import EdgespecError
+from typing import Sequence
 
 WINDOW = 9                      # samples kept per kind: the median of the most recent
 TRUSTED_SAMPLES = 3             # in-run samples of a pass size or a drafter's step that outweigh its prior
@@ -196,9 +185,8 @@ class CostModel:
         sizes this run timed say of the prior there, interpolated between the nearest
         such sizes below and above (the nearest one, past them; none: the prior as it
         is), so the prior's shape survives (the saw-tooth of repacked kernels) and one
-        noisy short pass does not move the long ones as a line through it would (from
-        v(2) = 1.8 where the prior has 1.54, such a line made 5-token passes cost 4.2
-        steps instead of ~3, and auto mode stopped drafting for the rest of a generation)."""
+        noisy short pass does not move the long ones as a line through it would (a
+        2-token pass timed 20% dear would make a 5-token pass look 40% dear)."""
         measured = self._timed_v()
         anchors = sorted(m for m in measured if m in self.prior_v)
         scale = {m: measured[m] / self.prior_v[m] for m in anchors}
@@ -226,9 +214,8 @@ class CostModel:
         TRUSTED_SAMPLES times (or where the prior lacks it); before that, the prior's
         value at this run's level, the typical ratio of all the verify passes it timed
         to the prior's value for their sizes. One pass on a busy moment then moves
-        every size a little instead of its own a lot: a 3-token pass timed once at
-        2.8 steps (the prior: 1.9) had made 3- and 4-token drafts look dear for the
-        rest of a generation, which then took 74 plain steps where 46 were usual."""
+        every size a little instead of its own a lot (it would make drafts of that
+        size look dear, and so untried, for the rest of a generation)."""
         step = self.step_seconds
         if not step:
             return {}
@@ -281,14 +268,11 @@ class CostModel:
         not time (of ``sizes``, those known to neither are left out: the next run
         interpolates them itself).
 
-        In a run, one sample replaces the prior; what outlives the run must be surer.
-        Saved as they were, one or two passes timed on a busy moment (a 4-token pass
-        at 2.8 steps, where calibration has 1.6) became the next run's belief, and a
-        size that looks dear is not timed again: after ten generate runs of one edit
-        prompt sharing a cache, one run drafted a token at a time. And never an
-        estimate derived for a size this run did not time: one slow 5-token pass
-        scales the prior's v(9) up for this run's decisions; written back and scaled
-        again run after run, v(9) walked from 3.3 to 4.4-5.5 in ten runs.
+        In a run, one sample replaces the prior; what outlives the run must be surer:
+        a size that looks dear is not timed again, so one or two passes timed on a
+        busy moment, saved as they were, would become every later run's belief. And
+        never an estimate derived for a size this run did not time: scaled again run
+        after run, such a value would drift without a single measurement behind it.
         """
         step = self.step_seconds
         v = {n: self.prior_v.get(n) for n in (set(sizes) | set(self.prior_v)) - {1}}
@@ -316,185 +300,3 @@ def _saved(samples: _Samples, step: float, prior: float | None, low: float, high
 
 def _clamp(value: float, low: float, high: float) -> float:
     return min(max(value, low), high)
-
-
-# -- calibration --------------------------------------------------------------------------
-
-
-def calibrate(target: Backend, drafts: Sequence[tuple[str, Backend]], *,
-              sizes: Sequence[int] = CALIBRATION_SIZES,
-              repeats: int = CALIBRATION_REPEATS,
-              clock: Callable[[], float] = time.perf_counter) -> CostModel:
-    """Time target passes of ``sizes`` tokens and one-token drafter steps,
-    interleaved (so a busy moment hits all alike), on ``clock`` (the engine's).
-
-    Each kind gets one warm-up pass (discarded) and ``repeats`` timed ones,
-    read by their median. Runs on a short dummy context and leaves the caches
-    empty, also when interrupted.
-    """
-    cost = CostModel()
-    token = 0 if target.vocab.bos_token_id is None else target.vocab.bos_token_id
-    context = [token] * 16
-
-    def timed(backend: Backend, n: int) -> float:
-        start = clock()
-        backend.forward([token] * n)
-        seconds = clock() - start
-        backend.rewind(len(context))
-        return seconds
-
-    try:
-        for backend in [target] + [b for _, b in drafts]:
-            backend.rewind(0)
-            backend.forward(context, last_only=True)
-        for repeat in range(repeats + 1):
-            warm_up = repeat == 0  # timed like the rest, and discarded
-            for n in sorted(set(sizes) | {1}):
-                seconds = timed(target, n)
-                if not warm_up:
-                    cost.observe_target(n, seconds)
-            for name, backend in drafts:
-                seconds = timed(backend, 1)
-                if not warm_up:
-                    cost.observe_draft(name, 1, seconds)
-    finally:
-        target.rewind(0)
-        for _, backend in drafts:
-            backend.rewind(0)
-    return cost
-
-
-def calibration_key(target: Backend, draft: Backend | None) -> str:
-    """Identifies a model pair on this machine, for the calibration cache."""
-    parts = [platform.node(), platform.machine(), platform.processor()]
-    for backend in (target, draft):
-        if backend is None:
-            continue
-        path = getattr(backend, "path", None)
-        size = os.path.getsize(path) if path and os.path.exists(path) else 0
-        parts += [type(backend).__name__, str(path or backend.name), str(size),
-                  str(getattr(backend, "n_threads", "")), str(getattr(backend, "n_gpu_layers", ""))]
-        if getattr(backend, "rpc", ()):  # its layers on other machines: other costs
-            parts.append("rpc=" + ",".join(backend.rpc))
-    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
-
-
-def calibration_path(target: Backend, draft: Backend | None) -> Path:
-    """Where the costs of this pair on this machine are cached."""
-    from .models import edgespec_home
-    return edgespec_home() / "calibration" / f"v2-{calibration_key(target, draft)}.json"
-
-
-def load_calibration(path: Path) -> dict | None:
-    """The cached ratios at ``path`` (None if missing or unreadable)."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict) or not isinstance(data.get("v"), dict):
-        return None
-    try:  # the CostModel clamps; here only check that the numbers are numbers
-        for table in ("v", "c"):
-            {str(k): float(v) for k, v in data.get(table, {}).items()}
-        if any(int(n) < 1 for n in data["v"]):  # pass sizes: whole numbers of tokens
-            return None
-    except (TypeError, ValueError, AttributeError):
-        return None
-    return data
-
-
-def prior_for(target: Backend, drafts: Sequence[tuple[str, Backend]]) -> dict:
-    """The cached prior of this pair, or a new calibration (then cached)."""
-    path = calibration_path(target, drafts[0][1] if drafts else None)
-    prior = load_calibration(path)
-    if prior and all(name in prior.get("c", {}) for name, _ in drafts):
-        return prior
-    if prior is None and path.exists():
-        print(f"edgespec: ignoring the cached costs {path}: not a calibration file "
-              f"(measuring again, and rewriting it)", file=sys.stderr)
-    prior = calibrate(target, drafts).as_prior()
-    save_calibration(prior, path)
-    return prior
-
-
-def save_calibration(prior: dict, path: Path) -> None:
-    """Write ``prior`` atomically (a read-only home only costs a calibration next time)."""
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(prior))
-        os.replace(tmp, path)
-    except OSError:
-        pass
-
-
-# -- saved bench profiles ------------------------------------------------------------------
-
-
-def profile_path(target: str) -> Path:
-    """Where the saved pairing of a target lives: keyed by the model's content, so
-    two models that share a file name (in different folders) never share one."""
-    from .models import edgespec_home
-    name = Path(str(target).rstrip("/")).name.replace("/", "_") or "model"
-    return edgespec_home() / "profiles" / f"{name}-{model_fingerprint(target)}.json"
-
-
-def model_fingerprint(target: str) -> str:
-    """A short hash of what a model argument names: a file's size and header (its
-    metadata), a folder's config and file sizes; a name not on disk by itself."""
-    from .models import resolve_model
-    h = hashlib.sha256()
-    try:
-        path = resolve_model(str(target), fetch=False)
-    except EdgespecError:  # a known name not downloaded, or a Hub id
-        path = Path(str(target)).expanduser()
-    try:
-        if path.is_file():
-            with open(path, "rb") as f:
-                h.update(f"{path.stat().st_size}|".encode() + f.read(1 << 20))
-        elif path.is_dir():
-            for item in sorted(path.iterdir()):
-                h.update(f"{item.name}|{item.stat().st_size}|".encode())
-                if item.name == "config.json":
-                    h.update(item.read_bytes())
-        else:
-            h.update(str(target).encode())
-    except OSError:
-        h.update(str(target).encode())
-    return h.hexdigest()[:16]
-
-
-def save_profile(target: str, recommendation: dict) -> Path | None:
-    """Store the pairing ``edgespec bench`` recommends for ``target`` (None: plain won)."""
-    if recommendation["mode"] == "plain":
-        return None
-    path = profile_path(target)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"target": target, "draft": recommendation["drafter"],
-                                    "num_draft": recommendation["num_draft"],
-                                    "speedup": recommendation["speedup"],
-                                    "measured": time.strftime("%Y-%m-%d %H:%M")}, indent=1))
-    except OSError as e:
-        raise EdgespecError(f"could not save the profile to {path}: {e.strerror or e} "
-                            f"(set EDGESPEC_HOME to a writable folder)") from None
-    return path
-
-
-def load_profile(target: str) -> dict | None:
-    """The saved pairing of ``target``, if ``edgespec bench --save-profile`` stored one."""
-    path = profile_path(target)
-    try:
-        profile = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError):
-        profile = None
-    k = profile.get("num_draft") if isinstance(profile, dict) else None
-    if isinstance(profile, dict) and isinstance(profile.get("draft"), str) and profile["draft"] \
-            and (k == "auto" or (isinstance(k, int) and not isinstance(k, bool) and k >= 1)):
-        return profile
-    print(f"edgespec: ignoring the saved profile {path}: it is not a drafter and k "
-          f"(run `edgespec bench --save-profile` again)", file=sys.stderr)
-    return None

@@ -29,46 +29,22 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from .backends.base import Backend, check_token_ids
+from .auto import auto_planner, save_costs
+from .backends.base import Backend
 from .cache import CachedModel, common_prefix_length
 from .coupling import Coupling
 from .detokenize import IncrementalDetokenizer, StopMatcher
 from .drafters.base import Draft, Drafter
 from .errors import EdgespecError
-from .planner import DraftReport, FixedPlanner, Planner, RoundResult
+from .generation import Chunk, Generation, collect, sampling_from
+from .planner import DraftReport, FixedPlanner, Planner, Proposal, RoundResult
+from .prompting import chat_prompt_ids, prompt_ids
 from .sampling import SamplingParams, Scratch, make_rng
 from .stats import GenerationStats
 from .verify import runnable_drafts, verify_round
 
 # Prompt tokens evaluated between two looks at a cancel (llama.cpp's default batch).
 PREFILL_CHUNK = 512
-
-
-@dataclass
-class Chunk:
-    """A piece of streamed output.
-
-    ``token_ids`` are the tokens committed with it (one per chunk, except the
-    final chunk, which carries none but has ``finish_reason`` and ``stats``).
-    ``from_draft`` is True when the token was an accepted draft.
-    """
-
-    text: str
-    token_ids: list[int]
-    from_draft: bool = False
-    finish_reason: str | None = None  # "stop", "length" or "cancelled" on the last chunk
-    stats: GenerationStats | None = None
-
-
-@dataclass
-class Generation:
-    """A finished generation."""
-
-    text: str
-    token_ids: list[int]
-    from_draft: list[bool]
-    finish_reason: str
-    stats: GenerationStats
 
 
 @dataclass(eq=False)
@@ -116,6 +92,7 @@ class Engine:
         self._runs_lock = threading.Lock()
         self.planner: Planner | None = None
         self._auto: tuple[Planner | None, Drafter | None] = (None, None)  # the last auto planner
+        self._built: list[tuple[Planner, Drafter | None]] = []  # auto planners built here: costs to keep
         self.configure(drafter, num_draft, planner)
 
     # -- public API -----------------------------------------------------------------
@@ -137,9 +114,10 @@ class Engine:
                 kept, kept_for = self._auto
                 if kept is not None and kept_for is drafter:
                     planner = kept
-                else:  # from this pair's cached costs (a short calibration the first time)
-                    from .loading import auto_planner
-                    planner = auto_planner(self.target, drafter)
+                else:  # from this pair's cached costs (a short calibration the first time,
+                    #      through the caches generation uses), saved again at close()
+                    planner = auto_planner(self.target_cache, drafter)
+                    self._built.append((planner, drafter))
             self._auto = (planner, drafter)
         self.planner = planner or FixedPlanner(drafter, num_draft)
         self.drafter = drafter
@@ -169,18 +147,7 @@ class Engine:
     def tokenize(self, prompt: str | Sequence[int]) -> list[int]:
         """Token ids of a prompt given as text (special tokens parsed) or as ids."""
         self._check_open()
-        if isinstance(prompt, str):
-            from .prompting import raw_prompt_ids
-            return raw_prompt_ids(self.target, prompt)
-        if not isinstance(prompt, (list, tuple, range, np.ndarray)):
-            raise EdgespecError(f"the prompt is a {type(prompt).__name__}: give text, or a list "
-                                f"of token ids")
-        for token in prompt:
-            if isinstance(token, (bool, np.bool_)) or not isinstance(token, (int, np.integer)):
-                raise EdgespecError(f"token id {token!r} is not an integer: give a list of token ids")
-        ids = [int(t) for t in prompt]
-        check_token_ids(ids, self.target.vocab.size)
-        return ids
+        return prompt_ids(self.target, prompt)
 
     def stream(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
                max_tokens: int = 256, stop: Sequence[str] = (), speculative: bool = True,
@@ -232,8 +199,8 @@ class Engine:
 
         Sampling fields may be given directly (``temperature=0.7``) instead of ``params``.
         """
-        params, options = _sampling_from(params, options)
-        return _collect(self.stream(prompt, params, **options))
+        params, options = sampling_from(params, options)
+        return collect(self.stream(prompt, params, **options))
 
     def chat(self, messages: list[dict], *, stream: bool = True,
              params: SamplingParams | None = None, **options) -> Iterator[Chunk] | Generation:
@@ -244,27 +211,26 @@ class Engine:
         ``stats``; otherwise it returns the :class:`Generation`. Sampling
         fields may be given directly (``temperature=0.7, top_p=0.9``).
         """
-        from .prompting import chat_prompt_ids
         self._check_open()
-        params, options = _sampling_from(params, options)
+        params, options = sampling_from(params, options)
         chunks = self.stream(chat_prompt_ids(self.target, messages), params, **options)
-        return chunks if stream else _collect(chunks)
+        return chunks if stream else collect(chunks)
 
     def close(self) -> None:
         """Cancel the running generation (from any thread), wait for the pass in
         flight, and free the models. Every later call raises; closing twice is fine.
 
-        In auto mode the costs measured while running become the next run's prior.
+        In auto mode the costs measured while running become the next run's prior
+        (also those of an auto planner switched away from).
         """
         if self._closed:
             return
         self._closed = True  # from here on nothing new starts
         self.cancel()
         with self._models:  # a pass in flight ends first; then no run touches a model again
+            for planner, drafter in self._built:
+                save_costs(planner, self.target, drafter)
             self.planner.close()
-            kept = self._auto[0]  # auto mode, switched away from, measured costs too
-            if kept is not None and kept is not self.planner:
-                kept.close()
             self.target.close()
             for drafter in self.active_drafters():
                 drafter.close()
@@ -322,7 +288,6 @@ class Engine:
         eos = self.target.vocab.eos_token_ids
         start = self._clock()
         decode_start = None
-        self._resync_caches()
         try:
             # Prefill all but the last prompt token: it is evaluated with the first
             # round's drafts, so even the first generated token is speculative.
@@ -359,17 +324,6 @@ class Engine:
                 if run.speculative:
                     for drafter in self.active_drafters():
                         drafter.rewind(ctx)
-
-    def _resync_caches(self) -> None:
-        """Where the target no longer holds what its cache lists, start that cache afresh.
-
-        A model used outside the engine between generations (a pair's first cost
-        calibration, from ``configure(..., "auto")`` or ``auto_planner``, runs passes
-        on both models and leaves them empty) lost the context: decoding on from it
-        would answer another question. A draft model checks its own in ``prefill``.
-        """
-        if self.target.n_past != len(self.target_cache.tokens):
-            self.target_cache.rewind(0)
 
     def _prefill(self, run: _Run) -> bool:
         """Evaluate the prompt but its last token into the target's cache, in
@@ -426,7 +380,9 @@ class Engine:
         # own token after the drafts makes up the last one).
         limit = min(self.planner.max_draft, run.n_ctx - len(ctx),
                     run.max_tokens - stats.generated_tokens - 1)
-        drafter, draft = self._draft(run, limit) if run.speculative and limit > 0 else (None, Draft([]))
+        reports, verified, draft = self._draft(run, limit) if run.speculative and limit > 0 \
+            else ((), None, Draft([]))
+        drafter = verified.drafter if verified else None
 
         start = self._clock()
         # A drafter with extra vocabulary rows may propose an id the target lacks:
@@ -448,7 +404,7 @@ class Engine:
 
         self.planner.observe(RoundResult(
             drafter.name if drafter else None, draft.bucket, len(draft), verdict.num_accepted,
-            len(logits), seconds, top_probs))
+            len(logits), seconds, top_probs, reports, verified))
         if drafter is None:
             stats.plain_steps += 1
             stats.plain_time_s += seconds
@@ -458,41 +414,26 @@ class Engine:
             drafter.accepted(verdict.num_accepted)
         return [(token, i < verdict.num_accepted) for i, token in enumerate(verdict.token_ids)]
 
-    def _draft(self, run: _Run, limit: int) -> tuple[Drafter | None, Draft]:
-        """Ask the planner's drafters, in the planner's order, for a draft worth verifying."""
+    def _draft(self, run: _Run, limit: int) -> tuple[tuple[DraftReport, ...], Proposal | None, Draft]:
+        """Ask the planner's drafters, in the planner's order, for a draft worth
+        verifying: every report made, what of the last to verify (None: nothing),
+        and that draft."""
+        reports: list[DraftReport] = []
         while (proposal := self.planner.plan(run.context, limit)) is not None:
             drafter = proposal.drafter
+            stop = {} if proposal.min_confidence is None else {"min_confidence": proposal.min_confidence}
             start = self._clock()
             caught_up = drafter.prefill(run.context)
             proposed = self._clock()
-            draft = drafter.propose(run.context, proposal.num_draft, run.params, run.rng)
+            draft = drafter.propose(run.context, proposal.num_draft, run.params, run.rng, **stop)
             done = self._clock()
             run.stats.draft_time_s += done - start
-            verified = self.planner.review(DraftReport(proposal, draft, caught_up,
-                                                       proposed - start, done - proposed))
+            reports.append(DraftReport(proposal, draft, caught_up, proposed - start, done - proposed))
+            verified = self.planner.review(reports[-1])
             if verified is not None:
                 run.stats.probes += verified.probe
-                return drafter, draft.truncated(verified.num_draft)
-        return None, Draft([])
+                return tuple(reports), verified, draft.truncated(verified.num_draft)
+        return tuple(reports), None, Draft([])
 
 
-_SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "seed")
 _GREEDY = SamplingParams(temperature=0)
-
-
-def _sampling_from(params: SamplingParams | None, options: dict) -> tuple[SamplingParams, dict]:
-    """Split sampling fields out of keyword options and merge them into ``params``."""
-    fields = {k: options.pop(k) for k in _SAMPLING_FIELDS if k in options}
-    params = params or SamplingParams()
-    return (params.with_(**fields) if fields else params), options
-
-
-def _collect(chunks: Iterator[Chunk]) -> Generation:
-    texts, token_ids, from_draft = [], [], []
-    for chunk in chunks:
-        texts.append(chunk.text)
-        token_ids.extend(chunk.token_ids)
-        from_draft.extend([chunk.from_draft] * len(chunk.token_ids))
-        if chunk.finish_reason is not None:
-            return Generation("".join(texts), token_ids, from_draft, chunk.finish_reason, chunk.stats)
-    raise AssertionError("stream ended without a final chunk")

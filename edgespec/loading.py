@@ -62,10 +62,11 @@ def load_backend(spec: str, options: BackendOptions, *, name: str | None = None)
 BUILTIN_DRAFTERS = {"lookup": PromptLookup, "suffix": SuffixDrafter}
 
 
-def load_drafter(spec: str | None, options: BackendOptions) -> Drafter | None:
+def load_drafter(spec: str | None, options: BackendOptions, *,
+                 min_confidence: float | None = None) -> Drafter | None:
     """``None``/``"none"``: no drafter; ``"lookup"``: prompt lookup; ``"suffix"``:
     the suffix drafter (counts over the conversation and earlier ones); else a
-    draft model.
+    draft model (stopping below ``min_confidence``, if given: --draft-p-min).
 
     The :class:`~edgespec.engine.Engine` checks a draft model's vocabulary
     against the target's.
@@ -74,29 +75,9 @@ def load_drafter(spec: str | None, options: BackendOptions) -> Drafter | None:
         return None
     if spec in BUILTIN_DRAFTERS:
         return BUILTIN_DRAFTERS[spec]()
-    return DraftModel(load_backend(spec, options))
+    return DraftModel(load_backend(spec, options), min_confidence=min_confidence or 0.0)
 
 
 def _display_name(spec: str) -> str:
     path = Path(spec)
     return path.stem if path.suffix == ".gguf" else spec.rstrip("/").split("/")[-1]
-
-
-def auto_planner(target: Backend, drafter: Drafter | None, config=None):
-    """Auto mode over prompt lookup and ``drafter``, starting from this pair's
-    cached costs (a short calibration the first time), which it updates as it runs.
-
-    A draft model with a stop of its own (``min_confidence``: the user's
-    --draft-p-min) keeps it; otherwise it stops below the planner's
-    ``draft_p_min`` top probability at first, and the planner then moves the
-    stop (:class:`~edgespec.policy.StopRule`).
-    """
-    from .costs import CostModel, calibration_path, prior_for
-    from .policy import AdaptivePlanner, PolicyConfig, auto_drafters
-    models = [(drafter.name, drafter.backend)] if isinstance(drafter, DraftModel) else []
-    if config is None:
-        chosen = drafter.min_confidence if models else 0.0
-        config = PolicyConfig(draft_p_min=chosen, learn_stop=False) if chosen else PolicyConfig()
-    path = calibration_path(target, models[0][1] if models else None)
-    return AdaptivePlanner(auto_drafters(drafter, PromptLookup(max_ngram=8), config),
-                           CostModel(prior_for(target, models)), config, save_costs_to=path)

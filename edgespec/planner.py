@@ -1,13 +1,13 @@
 """The planning interface: the engine asks, a planner decides, a drafter proposes.
 
-Each round the engine asks its planner for a :class:`Proposal` (a drafter and
-how many tokens it may draft), times the drafter's catch-up and proposal,
-hands the planner that :class:`DraftReport` and learns how much of the draft
-to verify (nothing: ask the planner again; it may offer the next drafter on
-its list, or nothing, which makes the round a plain step). After the target's
-pass the planner hears the :class:`RoundResult`. A planner decides on these
-plain facts alone; the one thing it sets on a drafter is where a draft model
-stops (its ``min_confidence``), before asking it.
+Each round the engine asks its planner for a :class:`Proposal` (a drafter, how
+many tokens it may draft, and for a draft model where it stops), times the
+drafter's catch-up and proposal, hands the planner that :class:`DraftReport` and
+learns how much of the draft to verify (nothing: ask the planner again; it may
+offer the next drafter on its list, or nothing, which makes the round a plain
+step). After the target's pass the planner hears the :class:`RoundResult`: the
+round's reports, what was verified and what came of it. A planner decides on
+these plain facts alone, and sets nothing on a drafter.
 
 :class:`FixedPlanner` is the fixed-k planner; the adaptive one (auto mode) is
 :class:`edgespec.policy.AdaptivePlanner`.
@@ -26,11 +26,15 @@ from .drafters.base import Draft, Drafter
 @dataclass(frozen=True)
 class Proposal:
     """Ask ``drafter`` for up to ``num_draft`` tokens. ``probe``: the planner
-    expects this to lose on what it knows so far, but tries it to learn more."""
+    expects this to lose on what it knows so far, but tries it to learn more;
+    ``retry``: to measure costs it has not measured lately. ``min_confidence``:
+    where a draft model stops for this proposal (None: its own setting)."""
 
     drafter: Drafter
     num_draft: int
     probe: bool = False
+    min_confidence: float | None = None
+    retry: bool = False
 
 
 @dataclass(frozen=True)
@@ -46,15 +50,18 @@ class DraftReport:
 
 @dataclass(frozen=True)
 class RoundResult:
-    """One target pass and what it committed.
+    """One round: what was drafted, the target pass, and what it committed.
 
-    ``drafter`` is the name of the drafter whose draft was verified (None: a
-    plain step). ``target_seconds`` covers the pass over ``target_tokens``
-    tokens and the verification of its rows. ``target_top_probs`` holds the
-    target's top probability at each committed token (at temperature 0, of
-    its softmax), a fact about the text that needs no drafter to learn; empty
-    unless the planner ``wants_confidence`` (over a 150k vocabulary it costs a
-    pass per row, a third of the host's work per greedy token).
+    ``reports``: every draft made this round, in order (a drafter whose draft was
+    not worth verifying, then the next); ``verified``: what of the last one was
+    verified (None: a plain step). ``drafter`` and ``bucket`` name it; ``num_drafted``
+    tokens were verified (fewer than ``verified.num_draft`` where the target lacks
+    an id). ``target_seconds`` covers the pass over ``target_tokens`` tokens and
+    the verification of its rows. ``target_top_probs`` holds the target's top
+    probability at each committed token (at temperature 0, of its softmax), a
+    fact about the text that needs no drafter to learn; empty unless the planner
+    ``wants_confidence`` (over a 150k vocabulary it costs a pass per row, a third
+    of the host's work per greedy token).
     """
 
     drafter: str | None
@@ -64,6 +71,8 @@ class RoundResult:
     target_tokens: int
     target_seconds: float
     target_top_probs: np.ndarray
+    reports: tuple[DraftReport, ...] = ()
+    verified: Proposal | None = None
 
     @property
     def num_committed(self) -> int:

@@ -37,6 +37,26 @@ def check_messages(messages) -> None:
             raise EdgespecError(f"message {i} needs a string 'role' and a string 'content': {usage}")
 
 
+def prompt_ids(backend: Backend, prompt) -> list[int]:
+    """Token ids of a prompt given as text (tokenized as it is, special tokens parsed)
+    or as ids (checked against ``backend``'s vocabulary)."""
+    import numpy as np
+
+    from .backends.base import check_token_ids
+    from .errors import EdgespecError
+    if isinstance(prompt, str):
+        return raw_prompt_ids(backend, prompt)
+    if not isinstance(prompt, (list, tuple, range, np.ndarray)):
+        raise EdgespecError(f"the prompt is a {type(prompt).__name__}: give text, or a list "
+                            f"of token ids")
+    for token in prompt:
+        if isinstance(token, (bool, np.bool_)) or not isinstance(token, (int, np.integer)):
+            raise EdgespecError(f"token id {token!r} is not an integer: give a list of token ids")
+    ids = [int(t) for t in prompt]
+    check_token_ids(ids, backend.vocab.size)
+    return ids
+
+
 def raw_prompt_ids(backend: Backend, text: str) -> list[int]:
     """Tokenize text as it is (BOS added if the vocabulary wants one)."""
     check_prompt_chars(text, backend)

@@ -31,6 +31,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from .drafters import PromptLookup
+from .drafters.base import MODEL
 from .engine import Engine
 from .errors import EdgespecError
 from .openai_api import (ApiError, Request, chunk, new_id, param_of, parse_request, response,
@@ -84,7 +85,7 @@ class Server:
     def __init__(self, engine: Engine, settings: ServerSettings):
         self.engine, self.settings = engine, settings
         self.model_drafter = engine.drafter if engine.drafter is not None \
-            and engine.drafter.name != "lookup" else None
+            and engine.drafter.kind == MODEL else None
         self.lookup = engine.drafter if engine.drafter is not None and self.model_drafter is None \
             else PromptLookup()
         # What a request that does not say gets: as the server was started.

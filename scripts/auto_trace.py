@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import argparse
 
-from edgespec.costs import CostModel, prior_for
+from edgespec.calibration import prior_for
+from edgespec.costs import CostModel
 from edgespec.drafters import PromptLookup
 from edgespec.drafters.draft_model import DraftModel
 from edgespec.engine import Engine
@@ -37,7 +38,7 @@ class TracedPlanner(AdaptivePlanner):
         beliefs = []
         for drafter in self.drafters:
             name = drafter.name
-            if not self._is_draft_model(name):
+            if drafter.kind != "model":
                 continue
             behind = self._state[name].behind
             in_step = self.best_k(name, name, self.max_draft)

@@ -29,7 +29,7 @@ from rich.table import Table  # noqa: E402
 from edgespec import DraftModel, Engine, PromptLookup, SamplingParams  # noqa: E402
 from edgespec.backends.llamacpp import LlamaCppBackend  # noqa: E402
 from edgespec.drafters.suffix import SuffixDrafter  # noqa: E402
-from edgespec.loading import auto_planner  # noqa: E402
+from edgespec.auto import auto_planner  # noqa: E402
 from edgespec.models import resolve_model  # noqa: E402
 from edgespec.prompt_sets import load_prompt_set  # noqa: E402
 from edgespec.prompting import chat_prompt_ids  # noqa: E402
@@ -94,7 +94,7 @@ def main() -> int:
             prompt_ids = chat_prompt_ids(target, messages)
             for mode in modes:
                 if mode == "auto":  # a fresh planner per prompt: a new process's first run
-                    engine.configure(draft_model, "auto", auto_planner(target, draft_model))
+                    engine.configure(draft_model, "auto", auto_planner(engine.target_cache, draft_model))
                 elif mode != "plain":
                     engine.configure(drafters[mode], args.num_draft)
                 drafters["suffix"].forget()  # no memory of the other prompts

@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import numpy as np  # noqa: E402
 
 from edgespec.ceiling import ceiling, copy_lengths  # noqa: E402
-from edgespec.costs import calibrate  # noqa: E402
+from edgespec.calibration import calibrate  # noqa: E402
 from edgespec.drafters.base import Draft  # noqa: E402
 from edgespec.prompt_sets import load_conversations  # noqa: E402
 from edgespec.prompting import chat_prompt_ids  # noqa: E402
@@ -65,6 +65,7 @@ class MapKRule:
     but no more than were accepted the last time a draft followed the same key."""
 
     name = "map-k rule"
+    kind = "copy"
 
     def __init__(self, key: int = 12, value: int = 48):
         self.key, self.value = key, value
@@ -84,7 +85,7 @@ class MapKRule:
         for j in range(max(0, start - self.key + 1), len(self._tokens) - self.key + 1):
             self._positions.setdefault(tuple(self._tokens[j:j + self.key]), []).append(j)
 
-    def propose(self, context, num_draft, params, rng) -> Draft:
+    def propose(self, context, num_draft, params, rng, *, min_confidence=None) -> Draft:
         self._follow(context)
         tokens, n, m = self._tokens, self.key, self.value
         self._last = None
@@ -139,7 +140,7 @@ def main() -> int:
         os.environ["EDGESPEC_LLAMA_REPACK"] = "0"
 
     import edgespec
-    from edgespec.loading import auto_planner
+    from edgespec.auto import auto_planner, save_costs
     from edgespec.models import defaults, resolve_model
 
     draft = defaults()["chat"]["draft"] if args.draft == "default" else args.draft
@@ -166,7 +167,8 @@ def main() -> int:
     for repeat in range(args.repeat):
         for set_name in args.sets.split(","):
             for index, turns in enumerate(load_conversations(set_name)[:args.prompts_per_set]):
-                planner = auto_planner(target, drafter)  # one per conversation, as in a chat
+                # One per conversation, as in a chat, through the engine's caches.
+                planner = auto_planner(engine.target_cache, drafter)
                 messages = []
                 for turn, user in enumerate(turns, 1):
                     messages.append({"role": "user", "content": user})
@@ -183,8 +185,9 @@ def main() -> int:
                     print(f"{label}:{index} turn {turn} r{repeat}: " + ", ".join(
                         f"{mode} {s['speedup']:.2f}" for mode, s in speeds.items()), file=sys.stderr, flush=True)
                     messages.append({"role": "assistant", "content": plain.text})
-                planner.close()  # its measured costs are the next conversation's prior, as for
-                #                  consecutive `edgespec generate` runs
+                # Its measured costs are the next conversation's prior, as for consecutive
+                # `edgespec generate` runs.
+                save_costs(planner, target, drafter)
     engine.close()
     report(rows)
     if args.json:

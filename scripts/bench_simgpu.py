@@ -19,7 +19,8 @@ import statistics
 
 from edgespec.backends.simulated import DeviceClock, SimulatedDevice, gpu_batch_cost
 from edgespec.backends.table import TableBackend
-from edgespec.costs import CostModel, calibrate
+from edgespec.calibration import calibrate
+from edgespec.costs import CostModel
 from edgespec.drafters import DraftModel, PromptLookup
 from edgespec.engine import Engine
 from edgespec.policy import AdaptivePlanner, PolicyConfig, auto_drafters

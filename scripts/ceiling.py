@@ -26,7 +26,7 @@ import sys
 
 import edgespec
 from edgespec.ceiling import ScheduledDrafter, best_schedule, ceiling, copy_lengths
-from edgespec.costs import calibrate
+from edgespec.calibration import calibrate
 from edgespec.prompt_sets import load_conversations
 from edgespec.prompting import chat_prompt_ids
 from edgespec.sampling import SamplingParams
@@ -41,7 +41,8 @@ def main() -> None:
     parser.add_argument("--prompts", default="edit,edit-val", help="prompt sets, comma-separated")
     parser.add_argument("--prompts-per-set", type=int, default=100)
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--max-draft", type=int, default=15, help="the longest draft considered")
+    parser.add_argument("--max-draft", type=int, default=64,
+                        help="the longest draft considered (auto mode drafts up to 64 tokens)")
     parser.add_argument("--measure", action="store_true",
                         help="also run both perfect drafters in the engine, between two plain runs")
     parser.add_argument("--rpc", help="the target's layers on these rpc-servers (HOST:PORT,...)")

@@ -45,7 +45,8 @@ from dataclasses import fields, replace
 import numpy as np
 
 from edgespec.ceiling import ceiling, copy_lengths
-from edgespec.costs import CALIBRATION_SIZES, CostModel, calibrate
+from edgespec.calibration import calibrate
+from edgespec.costs import CALIBRATION_SIZES, CostModel
 from edgespec.drafters import Draft, PromptLookup, SuffixDrafter
 from edgespec.planner import DraftReport, RoundResult
 from edgespec.policy import AdaptivePlanner, PolicyConfig
@@ -118,10 +119,11 @@ def record(args) -> None:
 
 class TraceModel:
     """The draft model of a trace: offers while its top probability clears the
-    threshold; the planner only ever sees its name and what it drafted."""
+    stop; the planner only ever sees its name, its kind and what it drafted."""
 
     name = MODEL
-    min_confidence = 0.0  # fixed k: no stop; auto: the planner sets it
+    kind = "model"
+    min_confidence = 0.0  # fixed k: no stop; auto: each proposal carries one
 
 
 def replay(trace: dict, true: CostModel, *, config: PolicyConfig | None = None,
@@ -171,9 +173,9 @@ def replay(trace: dict, true: CostModel, *, config: PolicyConfig | None = None,
             timed += size
         planner.begin(prompt)
 
-    def model_draft(limit: int) -> tuple[Draft, int, float, float]:
+    def model_draft(limit: int, stop: float | None) -> tuple[Draft, int, float, float]:
         behind = t - synced
-        drafted, p_min = 0, model.min_confidence  # the stop the planner set
+        drafted, p_min = 0, model.min_confidence if stop is None else stop
         while drafted < limit and not (p_min and top[t + drafted] < p_min):
             drafted += 1
         steps = drafted + (drafted < limit)
@@ -185,6 +187,7 @@ def replay(trace: dict, true: CostModel, *, config: PolicyConfig | None = None,
     while t < n:
         limit = min(planner.max_draft if planner else k, n - t - 1)
         kind, draft, round_spent, asked_model = None, Draft([]), 0.0, False
+        reports, verified = [], None
         context = prompt + out[:t]
         while limit > 0:
             if planner:
@@ -198,7 +201,8 @@ def replay(trace: dict, true: CostModel, *, config: PolicyConfig | None = None,
                 draft = lookup.propose(context, limit, params, rng)
                 caught_up, catch_s, draft_s = 0, 0.0, 0.0
             else:
-                draft, caught_up, catch_s, draft_s = model_draft(proposal.num_draft if planner else limit)
+                draft, caught_up, catch_s, draft_s = model_draft(proposal.num_draft if planner else limit,
+                                                                 proposal.min_confidence if planner else None)
                 asked_model = True
             round_spent += catch_s + draft_s
             if not planner:
@@ -209,7 +213,8 @@ def replay(trace: dict, true: CostModel, *, config: PolicyConfig | None = None,
                     draft = draft.truncated(held)
                 kind = use if draft.token_ids else None
                 break
-            verified = planner.review(DraftReport(proposal, draft, caught_up, catch_s, draft_s))
+            reports.append(DraftReport(proposal, draft, caught_up, catch_s, draft_s))
+            verified = planner.review(reports[-1])
             if verified is not None:
                 kind, draft = use, draft.truncated(verified.num_draft)
                 break
@@ -229,7 +234,8 @@ def replay(trace: dict, true: CostModel, *, config: PolicyConfig | None = None,
         round_spent += verify_s
         if planner:
             planner.observe(RoundResult(kind, draft.bucket, len(draft), accepted, len(draft) + 1,
-                                        verify_s, target_top[t:t + accepted + 1]))
+                                        verify_s, target_top[t:t + accepted + 1], tuple(reports),
+                                        verified if kind else None))
         spent += round_spent
         if tally is not None:
             key = kind or "plain"

@@ -4,9 +4,10 @@ import json
 
 import pytest
 
-from edgespec.backends.toy import ToyBackend
-from edgespec.costs import (TRUSTED_SAMPLES, CostModel, calibrate, load_calibration, prior_for,
-                            save_calibration)
+from edgespec.backends.toy import SimClock, ToyBackend
+from edgespec.cache import CachedModel
+from edgespec.calibration import calibrate, load_calibration, prior_for, save_calibration
+from edgespec.costs import TRUSTED_SAMPLES, CostModel
 
 
 def feed(cost: CostModel, seconds_by_size: dict[int, float], times: int = 5) -> None:
@@ -179,13 +180,21 @@ def test_staleness_is_counted_in_target_passes():
     assert cost.rounds_since_plain_step() == 0
 
 
-def test_calibration_measures_every_size_and_leaves_caches_empty():
-    target = ToyBackend.random(8, seed=1)
-    draft = target.perturbed(noise=0.1, seed=3)
-    cost = calibrate(target, [("toy-draft", draft)], sizes=(1, 3), repeats=2)
-    assert cost.measured_sizes() == [1, 3] and cost.c("toy-draft") > 0
-    assert target.n_past == 0 and draft.n_past == 0
-    assert 1.0 <= cost.v(3) <= 3.0
+def test_calibration_measures_what_passes_cost_and_leaves_the_caches_true():
+    """On a simulated clock a pass over n tokens costs 1 + 0.4 (n - 1) steps and a
+    draft step 0.25: calibration must find exactly that, through the caches a
+    generation uses, and leave them empty and knowing it."""
+    clock = SimClock()
+    target = ToyBackend.random(8, seed=1, clock=clock, step_seconds=0.02, token_seconds=0.008)
+    draft = target.perturbed(noise=0.1, seed=3, clock=clock, step_seconds=0.005)
+    target_cache, draft_cache = CachedModel(target), CachedModel(draft)
+    target_cache.forward([1, 2, 3])  # a conversation was cached before
+    cost = calibrate(target_cache, [("toy-draft", draft_cache)], sizes=(1, 3, 5), repeats=2, clock=clock)
+    assert cost.measured_sizes() == [1, 3, 5]
+    assert cost.v(3) == pytest.approx(1.8) and cost.v(5) == pytest.approx(2.6)
+    assert cost.c("toy-draft") == pytest.approx(0.25)
+    assert target.n_past == draft.n_past == 0
+    assert target_cache.tokens == [] and draft_cache.tokens == []
 
 
 def test_calibration_discards_each_kinds_warm_up_pass():
@@ -223,7 +232,7 @@ def test_calibration_file_round_trip_and_bad_files(tmp_path, monkeypatch, capsys
                                      '{"draft": "", "num_draft": "auto"}', "{not json"])
 def test_a_saved_profile_of_the_wrong_shape_is_ignored_with_a_warning(content, tmp_path,
                                                                       monkeypatch, capsys):
-    from edgespec.costs import load_profile, profile_path, save_profile
+    from edgespec.profiles import load_profile, profile_path, save_profile
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
     path = profile_path("some-model")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -244,7 +253,7 @@ def test_a_calibration_with_sizes_that_are_not_token_counts_is_ignored(tmp_path)
 
 
 def test_profiles_are_keyed_by_the_model_not_its_file_name(tmp_path, monkeypatch):
-    from edgespec.costs import load_profile, save_profile
+    from edgespec.profiles import load_profile, save_profile
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
     ours, theirs = tmp_path / "a" / "model.gguf", tmp_path / "b" / "model.gguf"
     for path, header in ((ours, b"GGUF one model"), (theirs, b"GGUF another model")):

@@ -73,7 +73,8 @@ def test_identical_drafter_accepts_every_draft_and_matches_target():
     assert totals.accepted == totals.drafted
 
 
-def broken_rejection_sample(target_probs, draft_token_ids, draft_probs, rng, *, draft_scales=None):
+def broken_rejection_sample(target_probs, draft_token_ids, draft_probs, rng, *, draft_scales=None,
+                            position=0):
     """The classic bug: on rejection, resample from p instead of norm(max(0, p - q))."""
     accepted = []
     for i, token in enumerate(draft_token_ids):

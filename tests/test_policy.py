@@ -12,9 +12,10 @@ import pytest
 
 from edgespec import DraftModel, Engine, PromptLookup, SamplingParams
 from edgespec.backends.toy import SimClock, ToyBackend
-from edgespec.costs import CostModel, calibration_path, save_calibration
-from edgespec.drafters.base import Draft
-from edgespec.loading import auto_planner
+from edgespec.auto import auto_planner, costs_path
+from edgespec.calibration import calibration_path, save_calibration
+from edgespec.costs import CostModel
+from edgespec.drafters.base import COPY, MODEL, Draft
 from edgespec.planner import DraftReport, Proposal, RoundResult
 from edgespec.policy import AcceptanceTracker, AdaptivePlanner, PolicyConfig
 from exactness import SIGNIFICANCE, chi_square_pvalue, exact_distribution, sample_continuations
@@ -36,6 +37,13 @@ def timed_pair(*, batch_grows: float, drafter_cost: float, noise: float, clock: 
 
 def true_prior(batch_grows: float, drafter_cost: float, name: str = "toy-draft") -> dict:
     return {"v": {str(n): 1 + batch_grows * (n - 1) for n in (2, 3, 5, 9)}, "c": {name: drafter_cost}}
+
+
+def budget_bound(config: PolicyConfig, tokens: int) -> float:
+    """Plain steps auto mode may lose over ``tokens`` tokens: its exploration budget
+    (the start, what the tokens earn) and one try that overdraws it by the worst a
+    try may lose (a probe is cut to what the budget holds: at most its cap)."""
+    return config.explore_start + config.explore_rate * tokens + config.explore_cap
 
 
 def auto_engine(target, drafter, clock, prior=None, config=None, *, lookup=True):
@@ -119,8 +127,9 @@ def test_a_copy_in_progress_is_verified_far_and_a_coincidence_not_at_all():
     def verified(bucket):
         proposal = planner.plan([0], 8)
         assert proposal is not None and proposal.drafter is lookup  # asking costs nothing
-        result = planner.review(DraftReport(proposal, Draft(list(range(8)), None, bucket), 0, 0.0, 0.0))
-        planner.observe(RoundResult(None, None, 0, 0, 1, 1.0, np.ones(1)))
+        report = DraftReport(proposal, Draft(list(range(8)), None, bucket), 0, 0.0, 0.0)
+        result = planner.review(report)
+        planner.observe(RoundResult(None, None, 0, 0, 1, 1.0, np.ones(1), (report,)))  # (not verified)
         return 0 if result is None else result.num_draft
 
     assert verified("match8") >= 6
@@ -146,9 +155,10 @@ def test_auto_greedy_equals_plain_and_speculates_only_where_it_pays(batch_grows,
         assert s.tokens_per_second > 1.3 * plain.stats.tokens_per_second
     else:
         # A pass over n tokens costs n steps: nothing beats plain decoding, so only
-        # probes may draft, and they cost little.
+        # probes may draft, and they lose no more than the exploration budget holds.
         assert s.rounds == s.probes
-        assert s.tokens_per_second > 0.97 * plain.stats.tokens_per_second
+        assert auto.stats.decode_time_s <= plain.stats.decode_time_s + STEP * budget_bound(
+            engine.planner.config, len(auto.token_ids))
 
 
 def test_exploration_is_paid_from_a_budget_that_bounds_what_it_loses():
@@ -157,7 +167,7 @@ def test_exploration_is_paid_from_a_budget_that_bounds_what_it_loses():
     them does not pay. A planner made very hopeful (low priors, but optimism 5: it would try
     nearly every draft) loses no more than its exploration budget allows: explore_start
     plus explore_rate per token, in plain steps."""
-    n, params, grows = 400, SamplingParams(temperature=1.0, seed=3), 0.6
+    n, params, grows = 400, SamplingParams(temperature=1.0, seed=3, invariant=False), 0.6
     hopeful = dict(optimism=5.0, priors={"lookup": 0.1}, continuation_lift=0.0)
 
     def steps_lost(config):
@@ -197,7 +207,8 @@ def test_exactness_with_auto_on():
 
 def test_a_poisoned_calibration_is_corrected_within_64_tokens(tmp_path, monkeypatch):
     """The cached costs say a 2-token pass costs 6 steps and a draft step 6 (v(2) = 6,
-    c = 6); on this machine speculation pays. Auto speculates again within 64 tokens."""
+    c = 6); on this machine speculation pays. Auto speculates again within two retry
+    intervals, and gains a good part of what a fixed k gains here."""
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
     clock = SimClock()
     target, drafter = timed_pair(batch_grows=0.1, drafter_cost=0.1, noise=0.3, clock=clock,
@@ -211,15 +222,19 @@ def test_a_poisoned_calibration_is_corrected_within_64_tokens(tmp_path, monkeypa
     plain = engine.generate(prompt, GREEDY, max_tokens=200, speculative=False)
     assert auto.token_ids == plain.token_ids
     first_draft = auto.from_draft.index(True)
-    assert first_draft < 64
+    assert first_draft < 2 * engine.planner.config.retry_after
     # ... and keeps speculating: most tokens after that came in speculative rounds.
     assert auto.stats.rounds > auto.stats.plain_steps
-    assert auto.stats.tokens_per_second > 1.2 * plain.stats.tokens_per_second
+    engine.configure(drafter, 4)
+    fixed = engine.generate(prompt, GREEDY, max_tokens=200).stats.tokens_per_second
+    base = plain.stats.tokens_per_second
+    assert fixed > base and auto.stats.tokens_per_second > base + (fixed - base) / 3
 
 
-def test_a_cost_file_claiming_speculation_is_free_costs_at_most_3_percent(tmp_path, monkeypatch):
+def test_a_cost_file_claiming_speculation_is_free_costs_no_more_than_the_budget(tmp_path, monkeypatch):
     """Cached costs say v(n) = 1 and a draft step costs nothing; in truth a pass over n
-    tokens costs n steps and the draft model is a poor guesser."""
+    tokens costs n steps and the draft model is a poor guesser. What auto mode loses
+    to plain decoding stays within its exploration budget."""
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
     clock = SimClock()
     target, drafter = timed_pair(batch_grows=1.0, drafter_cost=0.5, noise=3.0, clock=clock)
@@ -231,7 +246,8 @@ def test_a_cost_file_claiming_speculation_is_free_costs_at_most_3_percent(tmp_pa
     auto = engine.generate(prompt, GREEDY, max_tokens=128)
     plain = engine.generate(prompt, GREEDY, max_tokens=128, speculative=False)
     assert auto.token_ids == plain.token_ids
-    assert auto.stats.tokens_per_second >= 0.97 * plain.stats.tokens_per_second
+    assert auto.stats.decode_time_s <= plain.stats.decode_time_s + STEP * budget_bound(
+        engine.planner.config, len(auto.token_ids))
 
 
 def test_auto_keeps_what_it_learned_across_generations():
@@ -254,13 +270,14 @@ class RepeatLast:
     proposes the last committed token again, k times (deterministic: q one-hot)."""
 
     name = "repeat"
+    kind = COPY
 
     def attach(self, target) -> None: ...
 
     def prefill(self, context) -> int:
         return 0
 
-    def propose(self, context, num_draft, params, rng) -> Draft:
+    def propose(self, context, num_draft, params, rng, *, min_confidence=None) -> Draft:
         return Draft([int(context[-1])] * num_draft)
 
     def accepted(self, num_accepted) -> None: ...
@@ -270,6 +287,13 @@ class RepeatLast:
     def reset(self) -> None: ...
 
     def close(self) -> None: ...
+
+
+class RepeatModel(RepeatLast):
+    """The same drafts, reported as a draft model's (an offer rate, a confidence stop)."""
+
+    name = "toy-draft"
+    kind = MODEL
 
 
 def test_a_third_drafter_needs_only_the_protocol_and_a_place_in_the_list():
@@ -346,7 +370,8 @@ def test_the_targets_own_confidence_is_the_prior_of_the_draft_models_offers():
         # This run measured its costs: v(n) = 1 + 0.3 (n - 1), a draft step 0.3 steps.
         for n in (5, 9):
             planner.observe(RoundResult(None, None, 0, 0, n, 1 + 0.3 * (n - 1), np.ones(1)))
-        planner.review(DraftReport(Proposal(drafter, 1), Draft([0]), 1, 0.0, 0.3))
+        drafted = DraftReport(Proposal(drafter, 1), Draft([0]), 1, 0.0, 0.3)  # a 0.3-step draft
+        planner.observe(RoundResult(None, None, 0, 0, 1, 1.0, np.ones(1), (drafted,)))
         for _ in range(30):
             planner.observe(RoundResult(None, None, 0, 0, 1, 1.0, np.array([0.99 if confident else 0.1])))
         return planner
@@ -427,12 +452,12 @@ def test_one_rejected_draft_token_does_not_move_the_learned_stop_but_a_run_of_th
     cost, overall = 0.75, 0.97  # CPU-like token cost; a draft model that copies the target
     stop = StopRule(PolicyConfig())
     before = stop.threshold(cost, overall)
-    assert before <= 0.8  # it drafts at 0.85 before any evidence
+    assert before < 0.85  # it drafts at 0.85 before any evidence
     stop.observe([0.97, 0.85], 1)  # the 0.85 token was rejected
     assert stop.threshold(cost, overall) == before
     for _ in range(8):
         stop.observe([0.97, 0.85], 1)
-    assert stop.threshold(cost, overall) >= 0.9
+    assert stop.threshold(cost, overall) > 0.85
 
 
 def test_a_probe_risks_no_more_than_the_exploration_budget():
@@ -461,8 +486,7 @@ def test_a_draft_model_that_sat_out_is_probed_again_when_it_pays_in_step():
     hope of a probe, it locked a model that pays in step with the text out for the
     rest of a reply; it is what the probe risks instead, so the budget bounds it."""
     cost = CostModel(true_prior(0.3, 0.3))  # c = 0.3, v(n) = 1 + 0.3 (n - 1)
-    model = RepeatLast()
-    model.name = "toy-draft"  # a draft model to the planner: no priors of its own
+    model = RepeatModel()
     planner = AdaptivePlanner([PromptLookup(), model], cost)
     for _ in range(10):  # its drafts: half accepted whole, half cut after two
         planner.tracker("toy-draft").update(drafted=3, accepted=3)
@@ -473,12 +497,12 @@ def test_a_draft_model_that_sat_out_is_probed_again_when_it_pays_in_step():
     assert planner.best_k("toy-draft", "toy-draft", 4, behind=behind)[1] < planner.config.min_gain
     planner._state["toy-draft"].behind = behind
     planner.exploration = 4.0
-    k, probe = planner._decide("toy-draft", "toy-draft", 4)
+    k, probe, _ = planner._decide("toy-draft", "toy-draft", 4)
     assert probe and k >= 1
     loss = planner._catch_up("toy-draft", behind) + 0.3 * k + cost.v(k + 1) - 1
     assert loss <= planner.exploration
     planner.exploration = planner._catch_up("toy-draft", behind) * 0.9  # cannot pay the catch-up
-    assert planner._decide("toy-draft", "toy-draft", 4) == (0, False)
+    assert planner._decide("toy-draft", "toy-draft", 4) == (0, False, False)
 
 
 def test_a_try_is_charged_what_its_pass_typically_costs_not_one_busy_reading():
@@ -488,14 +512,16 @@ def test_a_try_is_charged_what_its_pass_typically_costs_not_one_busy_reading():
     times its usual time on a busy moment cost a reply its whole budget, and with it
     every later try of a draft model that was paying its way."""
     cost = CostModel(true_prior(0.3, 0.0, "lookup"))  # v(4) = 1.9
-    planner = AdaptivePlanner([PromptLookup()], cost, PolicyConfig(explore_rate=0.0))
+    lookup = PromptLookup()
+    planner = AdaptivePlanner([lookup], cost, PolicyConfig(explore_rate=0.0))
     top = np.array([0.9])
     for _ in range(3):  # the plain step and the 4-token pass at their usual times
         planner.observe(RoundResult(None, None, 0, 0, 1, STEP, top))
         planner.observe(RoundResult(None, None, 0, 0, 4, 1.9 * STEP, top))
     before = planner.exploration
-    planner._exploring = True  # a probe of 3 drafts, all rejected, on a busy moment
-    planner.observe(RoundResult("lookup", "match2", 3, 0, 4, 10 * 1.9 * STEP, top))
+    probe = Proposal(lookup, 3, probe=True)  # a probe of 3 drafts, all rejected, on a busy moment
+    drafted = DraftReport(Proposal(lookup, 8), Draft([1, 2, 3], None, "match2"), 0, 0.0, 0.0)
+    planner.observe(RoundResult("lookup", "match2", 3, 0, 4, 10 * 1.9 * STEP, top, (drafted,), probe))
     assert cost.v(4) == pytest.approx(1.9)  # one slow pass does not move the median
     assert before - planner.exploration == pytest.approx(cost.v(4) - 1)  # not 18 steps
 
@@ -506,8 +532,7 @@ def test_a_retry_is_only_marked_when_it_drafts():
     no round verified it, and it still counted as lost, doubling the back-off
     without measuring anything."""
     cost = CostModel(true_prior(0.3, 0.5))  # the draft model's worst-case loss: 0.8 a token
-    model = RepeatLast()
-    model.name = "toy-draft"  # a draft model to the planner: no priors of its own
+    model = RepeatModel()
     config = PolicyConfig(min_gain=10.0, probe_gain=0.0, explore_start=0.1, explore_rate=0.0)
     planner = AdaptivePlanner([model], cost, config)
     top = np.array([0.9])
@@ -515,39 +540,45 @@ def test_a_retry_is_only_marked_when_it_drafts():
         planner.observe(RoundResult(None, None, 0, 0, 1, STEP, top))
     assert planner._affordable("toy-draft", 4, 0) == 0  # no probe fits the budget
     proposal = planner.plan([1, 2, 3], 4)
-    assert proposal is not None and proposal.num_draft >= 1 and proposal.probe
-    assert planner._state["toy-draft"].retrying
+    assert proposal is not None and proposal.num_draft >= 1 and proposal.probe and proposal.retry
 
 
 def test_a_round_cut_short_is_not_charged_to_the_next_generation():
     """A cancel (or an error) between the planner's review and the target's pass
     leaves a round in flight; the next generation starts without it."""
     cost = CostModel(true_prior(0.3, 0.0, "lookup"))
-    planner = AdaptivePlanner([PromptLookup()], cost, PolicyConfig(explore_rate=0.0))
+    lookup = PromptLookup()
+    planner = AdaptivePlanner([lookup], cost, PolicyConfig(explore_rate=0.0, min_gain=10.0, probe_gain=0.0))
     top = np.array([0.9])
     for _ in range(2):
         planner.observe(RoundResult(None, None, 0, 0, 1, STEP, top))
-    planner._exploring, planner._draft_cost = True, 3.0  # a probe, cut short
+    context = [1, 2, 3, 1, 2]
+    proposal = planner.plan(context, 4)
+    verified = planner.review(DraftReport(proposal, lookup.propose(context, 4, GREEDY, None), 0, 0.0, 0.0))
+    assert verified is not None and verified.probe  # a probe, then the round is cut short
     before = planner.exploration
-    planner.begin([1, 2, 3])
+    planner.begin(context)
     planner.observe(RoundResult(None, None, 0, 0, 1, STEP, top))  # the next reply's plain step
     assert planner.exploration == before
+    assert planner.plan(context, 4).drafter is lookup  # asked afresh in the next round
 
 
-def test_closing_after_leaving_auto_mode_keeps_the_costs_it_measured(tmp_path):
+def test_closing_after_leaving_auto_mode_keeps_the_costs_it_measured(tmp_path, monkeypatch):
     """Auto mode's measured costs become the next run's prior when the engine
     closes, also after the engine was switched to a fixed k since."""
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
     clock = SimClock()
     target, drafter = timed_pair(batch_grows=0.05, drafter_cost=0.1, noise=0.5, clock=clock)
-    path = tmp_path / "costs.json"
-    planner = AdaptivePlanner([PromptLookup(max_ngram=8), drafter], CostModel(true_prior(0.05, 0.1)),
-                              save_costs_to=path)
-    engine = Engine(target, drafter, num_draft="auto", planner=planner, clock=clock)
-    engine.generate([0, 1, 2], GREEDY, max_tokens=20)
+    engine = Engine(target, drafter, num_draft="auto", clock=clock)  # calibrates the pair
+    path = costs_path(target, drafter)
+    calibrated = json.loads(path.read_text())
+    engine.generate([0, 1, 2], GREEDY, max_tokens=40)
     engine.configure(drafter, 4)
     engine.generate([0, 1, 2], GREEDY, max_tokens=8)
     engine.close()
-    assert path.exists() and "v" in json.loads(path.read_text())
+    saved = json.loads(path.read_text())
+    # The run's plain step (simulated: STEP) replaced the calibration's (host time).
+    assert saved["step_seconds"] == pytest.approx(STEP) != calibrated["step_seconds"]
 
 
 def test_a_fixed_k_set_after_auto_mode_drafts_without_auto_modes_stop():

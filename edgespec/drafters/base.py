@@ -43,12 +43,23 @@ class Draft:
         return Draft(self.token_ids[:num_draft], probs, self.bucket, confidence, scales)
 
 
+# What a drafter is, for a planner (Drafter.kind):
+COPY = "copy"    # drafts the text's own tokens (q one-hot, probs=None), at no model cost:
+#                  prompt lookup, the suffix drafter; it classes its drafts (Draft.bucket)
+MODEL = "model"  # a model of its own: q for each token, a step cost, a confidence stop
+
+
 @runtime_checkable
 class Drafter(Protocol):
     """Anything that proposes draft tokens for a context.
 
-    ``propose`` may return fewer than ``num_draft`` tokens, or none. Draft
-    tokens must be *sampled from the q they report* under ``params``.
+    ``kind`` is :data:`COPY` or :data:`MODEL`: what a planner needs to know of a
+    drafter (how to track it, whether a confidence stop applies); nothing asks
+    its name for that. ``propose`` may return fewer than ``num_draft`` tokens,
+    or none. ``min_confidence``: where a draft model stops for this proposal
+    (its own top probability before a token; None: its own setting); a copying
+    drafter ignores it. Draft tokens must be *sampled from the q they report*
+    under ``params``.
     ``accepted`` tells the drafter how many of its last proposal the target
     kept, so it can learn (or simply ignore it). ``prefill`` brings the
     drafter up to date with ``context`` (the prompt, or the tokens committed
@@ -61,13 +72,14 @@ class Drafter(Protocol):
     """
 
     name: str
+    kind: str
 
     def attach(self, target) -> None: ...
 
     def prefill(self, context: Sequence[int]) -> int: ...
 
     def propose(self, context: Sequence[int], num_draft: int, params: SamplingParams,
-                rng: np.random.Generator) -> Draft: ...
+                rng: np.random.Generator, *, min_confidence: float | None = None) -> Draft: ...
 
     def accepted(self, num_accepted: int) -> None: ...
 

@@ -10,7 +10,7 @@ from ..backends.base import Backend
 from ..cache import CachedModel, common_prefix_length
 from ..coupling import Coupling
 from ..sampling import SamplingParams, Scratch, sample_from, top_probability, weights_and_blocks
-from .base import Draft
+from .base import MODEL, Draft
 
 
 class DraftModel:
@@ -70,10 +70,15 @@ class DraftModel:
         self._next_logits = logits
         return evaluated
 
+    kind = MODEL
+
     def propose(self, context: Sequence[int], num_draft: int, params: SamplingParams,
-                rng: np.random.Generator | Coupling) -> Draft:
+                rng: np.random.Generator | Coupling, *, min_confidence: float | None = None) -> Draft:
         """Sample up to ``num_draft`` tokens from the draft model's q (with a
-        :class:`~edgespec.coupling.Coupling`, the tokens its noise decides under q)."""
+        :class:`~edgespec.coupling.Coupling`, the tokens its noise decides under q),
+        stopping where its top probability falls below ``min_confidence`` (None: the
+        stop it was made with)."""
+        stop = self.min_confidence if min_confidence is None else min_confidence
         # The draft cache will hold the context and all drafts but the last.
         num_draft = min(num_draft, self.backend.n_ctx - len(context) + 1)
         if num_draft <= 0:
@@ -83,7 +88,7 @@ class DraftModel:
         if logits is None:  # a token it cannot read
             return Draft([])
         if self._on_device:
-            return self._propose_on_device(context, logits, num_draft, params, rng)
+            return self._propose_on_device(context, logits, num_draft, params, rng, stop)
         token_ids: list[int] = []
         confidence: list[float] = []  # the top probability before each draft (with a stop)
         # q of each draft up to a factor (q = weights × scale), written in place
@@ -95,9 +100,9 @@ class DraftModel:
                 weights_and_blocks(logits, params, out=probs[i])
             if weights is not None:
                 scales[i] = 1.0 / blocks.sum()
-            if self.min_confidence:  # looks at q before sampling: drafts stay distributed as q
+            if stop:  # looks at q before sampling: drafts stay distributed as q
                 sure = float(top_probability(logits) if weights is None else weights.max() * scales[i])
-                if sure < self.min_confidence:
+                if sure < stop:
                     break
                 confidence.append(sure)
             token = int(np.argmax(logits)) if weights is None else \
@@ -106,8 +111,8 @@ class DraftModel:
             if i + 1 < num_draft:
                 logits = self.cache.forward([token])[-1]
         if probs is None or not token_ids:
-            return Draft(token_ids, confidence=confidence if self.min_confidence else None)
-        return Draft(token_ids, probs[:len(token_ids)], confidence=confidence if self.min_confidence else None,
+            return Draft(token_ids, confidence=confidence if stop else None)
+        return Draft(token_ids, probs[:len(token_ids)], confidence=confidence if stop else None,
                      scales=scales[:len(token_ids)])
 
     @staticmethod
@@ -121,7 +126,8 @@ class DraftModel:
         return sample_from(weights, rng, blocks)
 
     def _propose_on_device(self, context: Sequence[int], logits, num_draft: int,
-                           params: SamplingParams, rng: np.random.Generator | Coupling) -> Draft:
+                           params: SamplingParams, rng: np.random.Generator | Coupling,
+                           stop: float) -> Draft:
         """The same draft as :meth:`propose`'s loop, built as one lazy MLX graph (each
         sampled token feeds the next forward on the device) and evaluated once.
 
@@ -138,13 +144,13 @@ class DraftModel:
         for i in range(num_draft):
             if params.greedy:
                 token = mx.argmax(logits)
-                if self.min_confidence:
+                if stop:
                     confidence.append(mlx_ops.top_probability(logits[None])[0])
             else:
                 q = mlx_ops.probs(logits[None], params)[0]  # [V]
                 token = mlx_ops.coupled_pick(q[None], rng, len(context) + i)[0] if coupled else \
                     mlx_ops.sample(q, keys[i])
-                if self.min_confidence:
+                if stop:
                     confidence.append(q.max())
                 probs.append(q)
             tokens.append(token)
@@ -155,7 +161,7 @@ class DraftModel:
         ids, *confidence = mlx_ops.to_host(*to_host, also=[] if q_rows is None else [q_rows])
         kept, sure = num_draft, None
         if confidence:  # the stop, where the draft model's confidence fell below it
-            unsure = np.flatnonzero(confidence[0] < self.min_confidence)
+            unsure = np.flatnonzero(confidence[0] < stop)
             kept = int(unsure[0]) if len(unsure) else num_draft
             sure = [float(x) for x in confidence[0][:kept]]
         # As the loop leaves it: the cache holds the context and every draft but the

@@ -19,7 +19,7 @@ from typing import Sequence
 import numpy as np
 
 from ..sampling import SamplingParams
-from .base import Draft
+from .base import COPY, Draft
 from .copying import CopyIndex, match_bucket
 
 __all__ = ["PromptLookup", "match_bucket"]
@@ -34,6 +34,7 @@ class PromptLookup:
     """
 
     name = "lookup"
+    kind = COPY
 
     def __init__(self, *, min_ngram: int = 2, max_ngram: int = 4, max_match: int = 64):
         self.copies = CopyIndex(min_ngram=min_ngram, max_ngram=max_ngram,
@@ -45,7 +46,7 @@ class PromptLookup:
         self.copies.reset()
 
     def propose(self, context: Sequence[int], num_draft: int, params: SamplingParams,
-                rng: np.random.Generator) -> Draft:
+                rng: np.random.Generator, *, min_confidence: float | None = None) -> Draft:
         """Continue the longest earlier match of the context's suffix."""
         self.copies.follow(context)
         copy = self.copies.find(num_draft)

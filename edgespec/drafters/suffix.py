@@ -33,7 +33,7 @@ import numpy as np
 
 from ..cache import common_prefix_length
 from ..sampling import SamplingParams
-from .base import Draft
+from .base import COPY, Draft
 from .copying import CopyIndex, match_bucket
 
 # A context that differs from the one indexed in more than this many tokens is a
@@ -91,6 +91,7 @@ class SuffixDrafter:
     """Drafts from continuation counts over the context and earlier contexts."""
 
     name = "suffix"
+    kind = COPY
 
     def __init__(self, *, max_ngram: int = 8, min_ngram: int = 2, min_confidence: float = 0.3,
                  memory_tokens: int = 16384, max_match: int = 64):
@@ -120,7 +121,7 @@ class SuffixDrafter:
         return 0
 
     def propose(self, context: Sequence[int], num_draft: int, params: SamplingParams,
-                rng: np.random.Generator) -> Draft:
+                rng: np.random.Generator, *, min_confidence: float | None = None) -> Draft:
         """The live context's longest copy, or the most likely continuation by the
         counts, as long as it stays likely enough."""
         self._follow(context)

@@ -1,0 +1,139 @@
+"""The costs of a model pair on this machine, kept between runs.
+
+A short calibration (:func:`calibrate`) times the target's short passes and each
+draft model's step the first time a pair runs here; every run then starts from
+the costs the last one saved (:func:`prior_for`, :func:`save_calibration`), so a
+run's measurements, long passes included, become the next run's prior.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+from .backends.base import Backend
+from .cache import CachedModel
+from .costs import CALIBRATION_REPEATS, CALIBRATION_SIZES, CostModel
+
+Model = Backend | CachedModel  # what is timed: a backend, or the cache a generation uses
+
+
+def _backend(model: Model) -> Backend:
+    return model.backend if isinstance(model, CachedModel) else model
+
+
+def calibrate(target: Model, drafts: Sequence[tuple[str, Model]], *,
+              sizes: Sequence[int] = CALIBRATION_SIZES,
+              repeats: int = CALIBRATION_REPEATS,
+              clock: Callable[[], float] = time.perf_counter) -> CostModel:
+    """Time target passes of ``sizes`` tokens and one-token drafter steps,
+    interleaved (so a busy moment hits all alike), on ``clock`` (the engine's).
+
+    The models are backends, or the caches a generation uses (a
+    :class:`~edgespec.cache.CachedModel`: its list of cached tokens stays
+    true). Each kind gets one warm-up pass (discarded) and ``repeats`` timed
+    ones, read by their median. Runs on a short dummy context and leaves the
+    caches empty, also when interrupted.
+    """
+    cost = CostModel()
+    vocab = _backend(target).vocab
+    token = 0 if vocab.bos_token_id is None else vocab.bos_token_id
+    context = [token] * 16
+
+    def timed(backend: Model, n: int) -> float:
+        start = clock()
+        backend.forward([token] * n)
+        seconds = clock() - start
+        backend.rewind(len(context))
+        return seconds
+
+    try:
+        for backend in [target] + [b for _, b in drafts]:
+            backend.rewind(0)
+            backend.forward(context, last_only=True)
+        for repeat in range(repeats + 1):
+            warm_up = repeat == 0  # timed like the rest, and discarded
+            for n in sorted(set(sizes) | {1}):
+                seconds = timed(target, n)
+                if not warm_up:
+                    cost.observe_target(n, seconds)
+            for name, backend in drafts:
+                seconds = timed(backend, 1)
+                if not warm_up:
+                    cost.observe_draft(name, 1, seconds)
+    finally:
+        target.rewind(0)
+        for _, backend in drafts:
+            backend.rewind(0)
+    return cost
+
+
+def calibration_key(target: Backend, draft: Backend | None) -> str:
+    """Identifies a model pair on this machine, for the calibration cache."""
+    parts = [platform.node(), platform.machine(), platform.processor()]
+    for backend in (target, draft):
+        if backend is None:
+            continue
+        path = getattr(backend, "path", None)
+        size = os.path.getsize(path) if path and os.path.exists(path) else 0
+        parts += [type(backend).__name__, str(path or backend.name), str(size),
+                  str(getattr(backend, "n_threads", "")), str(getattr(backend, "n_gpu_layers", ""))]
+        if getattr(backend, "rpc", ()):  # its layers on other machines: other costs
+            parts.append("rpc=" + ",".join(backend.rpc))
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+def calibration_path(target: Backend, draft: Backend | None) -> Path:
+    """Where the costs of this pair on this machine are cached."""
+    from .models import edgespec_home
+    return edgespec_home() / "calibration" / f"v2-{calibration_key(target, draft)}.json"
+
+
+def load_calibration(path: Path) -> dict | None:
+    """The cached ratios at ``path`` (None if missing or unreadable)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("v"), dict):
+        return None
+    try:  # the CostModel clamps; here only check that the numbers are numbers
+        for table in ("v", "c"):
+            {str(k): float(v) for k, v in data.get(table, {}).items()}
+        if any(int(n) < 1 for n in data["v"]):  # pass sizes: whole numbers of tokens
+            return None
+    except (TypeError, ValueError, AttributeError):
+        return None
+    return data
+
+
+def prior_for(target: Model, drafts: Sequence[tuple[str, Model]]) -> dict:
+    """The cached prior of this pair, or a new calibration (then cached)."""
+    path = calibration_path(_backend(target), _backend(drafts[0][1]) if drafts else None)
+    prior = load_calibration(path)
+    if prior and all(name in prior.get("c", {}) for name, _ in drafts):
+        return prior
+    if prior is None and path.exists():
+        print(f"edgespec: ignoring the cached costs {path}: not a calibration file "
+              f"(measuring again, and rewriting it)", file=sys.stderr)
+    prior = calibrate(target, drafts).as_prior()
+    save_calibration(prior, path)
+    return prior
+
+
+def save_calibration(prior: dict, path: Path) -> None:
+    """Write ``prior`` atomically (a read-only home only costs a calibration next time)."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(prior))
+        os.replace(tmp, path)
+    except OSError:
+        pass
