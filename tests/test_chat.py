@@ -17,8 +17,9 @@ STATS = re.compile(r"\[(\d+) tokens, [\d.]+ tok/s.*?prompt eval (\d+)/(\d+) toke
 
 def test_chat_in_a_terminal(smollm2_path, tmp_path):
     env = {**__import__("os").environ, "NO_COLOR": "1"}
+    # A fixed k: auto mode would also time its long passes once on this machine, in a prompt.
     child = pexpect.spawn(sys.executable, ["-m", "edgespec", "chat", "-m", str(smollm2_path),
-                                           "-d", "lookup", "--temp", "0", "-n", "64"],
+                                           "-d", "lookup", "--num-draft", "4", "--temp", "0", "-n", "64"],
                           env=env, encoding="utf-8", timeout=180, dimensions=(40, 200),
                           # started as a shell starts a background job: Ctrl-C must still work
                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
