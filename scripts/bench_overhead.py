@@ -8,6 +8,7 @@ target step takes ~6–10 ms; this is the part of each token that no GPU speeds 
 
     python scripts/bench_overhead.py                 # the table
     python scripts/bench_overhead.py --profile draft --temp 0.7   # where the time goes
+    python scripts/bench_overhead.py --profile draft --seeded     # ... with seed-invariant sampling
 """
 
 from __future__ import annotations
@@ -56,9 +57,10 @@ def make_engine(mode: str, target: TableBackend, draft: TableBackend, k: int) ->
 
 
 def per_token_ms(engine: Engine, prompt: list[int], temperature: float, tokens: int,
-                 speculative: bool) -> tuple[float, float]:
-    """Host milliseconds per committed token (decode only), and the acceptance rate."""
-    params = SamplingParams(temperature=temperature, seed=0)
+                 speculative: bool, invariant: bool = False) -> tuple[float, float]:
+    """Host milliseconds per committed token (decode only), and the acceptance rate:
+    the exact rule, or seed-invariant sampling (what a seed gives by default)."""
+    params = SamplingParams(temperature=temperature, seed=0, invariant=invariant)
     g = engine.generate(prompt, params, max_tokens=tokens, speculative=speculative)
     s = g.stats
     return 1000 * s.decode_time_s / s.generated_tokens, s.acceptance_rate
@@ -74,6 +76,8 @@ def main() -> None:
     parser.add_argument("--profile", choices=["plain", "draft", "lookup", "auto"],
                         help="profile one mode instead and print where its time goes")
     parser.add_argument("--temp", type=float, default=0.7, help="temperature for --profile")
+    parser.add_argument("--seeded", action="store_true",
+                        help="with --profile: seed-invariant sampling instead of the exact rule")
     args = parser.parse_args()
 
     target = TableBackend.random(args.vocab, seed=0)
@@ -81,10 +85,10 @@ def main() -> None:
     prompt = list(range(32))
     if args.profile:
         engine = make_engine(args.profile, target, draft, args.k)
-        per_token_ms(engine, prompt, args.temp, 20, args.profile != "plain")  # warm up
+        per_token_ms(engine, prompt, args.temp, 20, args.profile != "plain", args.seeded)  # warm up
         profiler = cProfile.Profile()
         profiler.enable()
-        per_token_ms(engine, prompt, args.temp, args.tokens, args.profile != "plain")
+        per_token_ms(engine, prompt, args.temp, args.tokens, args.profile != "plain", args.seeded)
         profiler.disable()
         out = io.StringIO()
         pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(12)
@@ -93,20 +97,22 @@ def main() -> None:
 
     print(f"CPU: {cpu_name()} ({platform.machine()}); vocabulary {args.vocab}; "
           f"{args.tokens} tokens; k = {args.k}; median of {args.repeats} runs")
-    print(f"{'mode':<22}{'T = 0':>12}{'T = 0.7':>12}   acceptance (T = 0 / 0.7)")
+    # T = 0.7 twice: the exact rule, and seed-invariant sampling (the race, coupling.py).
+    columns = [(0.0, False), (0.7, False), (0.7, True)]
+    print(f"{'mode':<22}{'T = 0':>12}{'T = 0.7':>12}{'0.7 seeded':>12}   acceptance (the same three)")
     for mode in ("plain", "draft", "lookup", "auto"):
         cells, rates = [], []
-        for temperature in (0.0, 0.7):
+        for temperature, invariant in columns:
             engine = make_engine(mode, target, draft, args.k)
-            per_token_ms(engine, prompt, temperature, 20, mode != "plain")  # warm up
-            runs = [per_token_ms(engine, prompt, temperature, args.tokens, mode != "plain")
+            per_token_ms(engine, prompt, temperature, 20, mode != "plain", invariant)  # warm up
+            runs = [per_token_ms(engine, prompt, temperature, args.tokens, mode != "plain", invariant)
                     for _ in range(args.repeats)]
             cells.append(statistics.median(ms for ms, _ in runs))
             rates.append(runs[0][1])
         label = {"plain": "plain", "draft": f"draft model, k = {args.k}",
                  "lookup": f"prompt lookup, k = {args.k}", "auto": "auto (dear costs)"}[mode]
-        rate = "" if mode == "plain" else f"   {rates[0]:.2f} / {rates[1]:.2f}"
-        print(f"{label:<22}{cells[0]:>9.3f} ms{cells[1]:>9.3f} ms{rate}")
+        rate = "" if mode == "plain" else "   " + " / ".join(f"{r:.2f}" for r in rates)
+        print(f"{label:<22}" + "".join(f"{c:>9.3f} ms" for c in cells) + rate)
 
 
 if __name__ == "__main__":

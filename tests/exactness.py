@@ -12,7 +12,7 @@ from collections import Counter
 import numpy as np
 from scipy import stats as scipy_stats
 
-from edgespec import Engine, GenerationStats, SamplingParams, logits_to_probs
+from edgespec import DraftModel, Engine, GenerationStats, SamplingParams, logits_to_probs
 from edgespec.coupling import Coupling
 
 SIGNIFICANCE = 0.001  # every exactness test uses this level
@@ -89,3 +89,15 @@ def chi_square_pvalue(counts: Counter, expected_probs: dict[tuple[int, ...], flo
     observed_arr, expected_arr = np.array(observed, float), np.array(expected)
     statistic = float(((observed_arr - expected_arr) ** 2 / expected_arr).sum())
     return float(scipy_stats.chi2.sf(statistic, df=len(observed) - 1))
+
+
+def assert_pair_samples_target(target, draft, params: SamplingParams, num_samples: int,
+                               seed: int, prompt: list[int] = [1, 4, 5, 6]) -> None:
+    """Three-token continuations sampled through ``target`` checking ``draft``'s drafts
+    (k = 2) are distributed as the target's own (chi-square at SIGNIFICANCE), and the
+    test saw both accepted and rejected drafts."""
+    expected = exact_distribution(target, prompt, params, 3)
+    engine = Engine(target, DraftModel(draft), num_draft=2)
+    counts, totals = sample_continuations(engine, prompt, params, 3, num_samples, seed=seed)
+    assert 0 < totals.accepted < totals.drafted
+    assert chi_square_pvalue(counts, expected) > SIGNIFICANCE

@@ -14,12 +14,17 @@ import numpy as np
 NEAR_TIE = 0.5  # logits: a top-2 gap this small may flip between batched and one-token passes
 
 
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """The first index where two token lists differ (one ending counts), or None."""
+    return next((i for i in range(max(len(a), len(b)))
+                 if i >= len(a) or i >= len(b) or a[i] != b[i]), None)
+
+
 def assert_equal_up_to_a_near_tie(engine, prompt_ids: list[int], plain_ids: list[int],
                                   spec_ids: list[int], near_tie: float = NEAR_TIE) -> None:
     """``spec_ids`` equals ``plain_ids``, or they first differ where plain decoding's two
     best logits were within ``near_tie`` of each other; fail otherwise."""
-    first = next((i for i in range(max(len(plain_ids), len(spec_ids)))
-                  if i >= len(plain_ids) or i >= len(spec_ids) or plain_ids[i] != spec_ids[i]), None)
+    first = first_difference(plain_ids, spec_ids)
     if first is None:
         return
     cache = engine.target_cache

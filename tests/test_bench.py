@@ -10,7 +10,6 @@ from dataclasses import asdict
 import gguf
 import pytest
 
-from edgespec import EdgespecError
 from edgespec.bench import BenchConfig, recommend, run_bench, write_csv, write_json, write_plot
 from edgespec.costs import CALIBRATION_SIZES
 from edgespec.loading import BackendOptions

@@ -20,7 +20,9 @@ from edgespec.drafters.suffix import SuffixDrafter
 from edgespec.loading import BackendOptions, load_backend
 from edgespec.sampling import block_sums
 from edgespec.selfcheck import NEAR_TIE, chi_square_sf, race_gap, run_checks
-from exactness import SIGNIFICANCE, chi_square_pvalue, exact_distribution, sample_continuations
+from exactness import (SIGNIFICANCE, assert_pair_samples_target, chi_square_pvalue,
+                       exact_distribution, sample_continuations)
+from greedy import first_difference
 
 PROMPT = [0, 1, 2, 0, 1]
 
@@ -112,14 +114,9 @@ def test_one_seed_gives_one_text_with_any_drafter_on_the_toy():
 
 
 def test_seed_invariant_sampling_is_exact_on_llamacpp(tiny_gguf_pair):
-    target = LlamaCppBackend(tiny_gguf_pair[0], n_ctx=64)
-    params = SamplingParams(temperature=1.0, top_k=6, invariant=True)
-    prompt = [1, 4, 5, 6]
-    expected = exact_distribution(target, prompt, params, 3)
-    engine = Engine(target, DraftModel(LlamaCppBackend(tiny_gguf_pair[1], n_ctx=64)), num_draft=2)
-    counts, totals = sample_continuations(engine, prompt, params, 3, 3000, seed=22)
-    assert 0 < totals.accepted < totals.drafted
-    assert chi_square_pvalue(counts, expected) > SIGNIFICANCE
+    assert_pair_samples_target(LlamaCppBackend(tiny_gguf_pair[0], n_ctx=64),
+                               LlamaCppBackend(tiny_gguf_pair[1], n_ctx=64),
+                               SamplingParams(temperature=1.0, top_k=6, invariant=True), 3000, seed=22)
 
 
 # The mixed pair runs with -m slow (a minute on a 2-core CPU).
@@ -128,14 +125,9 @@ def test_seed_invariant_sampling_is_exact_on_llamacpp(tiny_gguf_pair):
 def test_seed_invariant_sampling_is_exact_with_mlx(tiny_gguf_pair, target_backend, draft_backend):
     make = {"mlx": lambda p: load_backend(str(p), BackendOptions(backend="mlx", n_ctx=64)),
             "llama.cpp": lambda p: LlamaCppBackend(p, n_ctx=64)}
-    target = make[target_backend](tiny_gguf_pair[0])
-    params = SamplingParams(temperature=1.0, top_k=6, invariant=True)
-    prompt = [1, 4, 5, 6]
-    expected = exact_distribution(target, prompt, params, 3)
-    engine = Engine(target, DraftModel(make[draft_backend](tiny_gguf_pair[1])), num_draft=2)
-    counts, totals = sample_continuations(engine, prompt, params, 3, 2000, seed=23)
-    assert 0 < totals.accepted < totals.drafted
-    assert chi_square_pvalue(counts, expected) > SIGNIFICANCE
+    assert_pair_samples_target(make[target_backend](tiny_gguf_pair[0]),
+                               make[draft_backend](tiny_gguf_pair[1]),
+                               SamplingParams(temperature=1.0, top_k=6, invariant=True), 2000, seed=23)
 
 
 def assert_one_text_up_to_a_near_tie(engine, prompt, params, texts):
@@ -143,8 +135,7 @@ def assert_one_text_up_to_a_near_tie(engine, prompt, params, texts):
     that decided the token was a near-tie (within NEAR_TIE / T in log terms)."""
     plain = texts[0]
     for text in texts[1:]:
-        split = next((i for i in range(max(len(plain), len(text)))
-                      if i >= len(plain) or i >= len(text) or plain[i] != text[i]), None)
+        split = first_difference(plain, text)
         if split is None:
             continue
         cache = engine.target_cache

@@ -1,6 +1,5 @@
 """The round loop on the toy backend: greedy equality, stopping, caches, stats."""
 
-import numpy as np
 import pytest
 
 from edgespec import DraftModel, EdgespecError, Engine, PromptLookup, SamplingParams

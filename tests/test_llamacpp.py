@@ -8,7 +8,7 @@ from edgespec.backends.llamacpp import LlamaCppBackend
 from edgespec.costs import CostModel
 from edgespec.policy import AdaptivePlanner, auto_drafters
 from edgespec.prompting import chat_prompt_ids
-from exactness import SIGNIFICANCE, chi_square_pvalue, exact_distribution, sample_continuations
+from exactness import assert_pair_samples_target
 from greedy import assert_equal_up_to_a_near_tie
 
 GREEDY = SamplingParams(temperature=0)
@@ -124,14 +124,9 @@ def test_greedy_speculative_equals_plain_on_smollm2(smollm2_path, smollm2_q2k_pa
 
 def test_statistical_exactness_on_llamacpp(tiny_gguf_pair):
     """Speculative samples through llama.cpp match the target exactly (chi-square, 0.001)."""
-    target = LlamaCppBackend(tiny_gguf_pair[0], n_ctx=64)
-    params = SamplingParams(temperature=1.0, top_k=6)
-    prompt = [1, 4, 5, 6]
-    expected = exact_distribution(target, prompt, params, 3)
-    engine = Engine(target, DraftModel(LlamaCppBackend(tiny_gguf_pair[1], n_ctx=64)), num_draft=2)
-    counts, totals = sample_continuations(engine, prompt, params, 3, 6000, seed=21)
-    assert 0 < totals.accepted < totals.drafted
-    assert chi_square_pvalue(counts, expected) > SIGNIFICANCE
+    assert_pair_samples_target(LlamaCppBackend(tiny_gguf_pair[0], n_ctx=64),
+                               LlamaCppBackend(tiny_gguf_pair[1], n_ctx=64),
+                               SamplingParams(temperature=1.0, top_k=6), 6000, seed=21)
 
 
 def test_incompatible_drafter_is_refused_with_reasons(tiny_gguf_pair, smollm2_path):

@@ -3,7 +3,6 @@
 import errno
 import hashlib
 import json
-import os
 import subprocess
 import sys
 import zipfile
