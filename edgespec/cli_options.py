@@ -99,9 +99,17 @@ def sampling_params(args):
 
 
 def on_accelerator(args) -> bool:
-    """Whether the target runs on a GPU: layers offloaded (-ngl), or MLX on Apple Silicon."""
-    from .loading import on_apple_silicon, pick_backend
-    return args.n_gpu_layers != 0 or (on_apple_silicon() and pick_backend(args.model, args.backend) == "mlx")
+    """Whether the target runs on a GPU: layers offloaded (-ngl, on a build that can), or
+    MLX on Apple Silicon."""
+    from .model_args import on_apple_silicon, pick_backend
+    if pick_backend(args.model, args.backend) == "mlx":
+        return on_apple_silicon()
+    return args.n_gpu_layers != 0 and _can_offload()
+
+
+def _can_offload() -> bool:
+    from .backends.llama_lib import gpu_offload_supported
+    return gpu_offload_supported()
 
 
 def build_engine(args, *, fetch: bool = False):
@@ -109,9 +117,13 @@ def build_engine(args, *, fetch: bool = False):
 
     Without ``-d`` (and no saved profile): auto mode over prompt lookup."""
     from .api import load
+    from .model_args import pick_backend
     from .profiles import load_profile
 
     o = backend_options(args)
+    if o.n_gpu_layers and pick_backend(args.model, args.backend) == "llama.cpp" and not _can_offload():
+        print("(this llama-cpp-python build cannot offload to a GPU, so -ngl runs on the CPU; "
+              "docs/gpu.md shows how to rebuild it with CUDA or Metal)", file=sys.stderr)
     if args.draft is None and not args.no_spec:
         profile = load_profile(args.model)
         if profile:  # `edgespec bench --save-profile` measured the best pairing here

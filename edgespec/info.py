@@ -34,10 +34,10 @@ def _llama_cpp_rows() -> list[tuple[str, str]]:
     from .backends.repack import describe as describe_repacking
     rows = [("llama.cpp", f"loads (llama-cpp-python {getattr(llama_cpp, '__version__', '?')})"),
             ("  GPU offload (-ngl)", "supported" if llama_cpp.llama_supports_gpu_offload()
-             else "not in this build (CPU only; see README: installing with CUDA or Metal)")]
+             else "not in this build (CPU only; docs/gpu.md: rebuilding with CUDA or Metal)")]
     from .backends.rpc import install_line
-    rows.append(("  RPC (--rpc)", "supported: the target's layers can go to rpc-servers (see README: "
-                 "Targets on other machines)" if llama_cpp.llama_supports_rpc()
+    rows.append(("  RPC (--rpc)", "supported: the target's layers can go to rpc-servers (docs/rpc.md)"
+                 if llama_cpp.llama_supports_rpc()
                  else f"not in this build (for --rpc: {install_line()})"))
     devices = _ggml_devices()
     if devices:

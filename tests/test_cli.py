@@ -1,10 +1,15 @@
 """The command line on real models: output, --json, and one-line errors for bad input."""
 
+import argparse
 import json
 import subprocess
 import sys
 
 import pytest
+
+from edgespec.backends.llama_lib import gpu_offload_supported
+from edgespec.cli_options import on_accelerator
+from edgespec.model_args import on_apple_silicon
 
 
 def edgespec(*args, env=None):
@@ -128,3 +133,17 @@ def test_bench_output_into_a_missing_folder_fails_before_the_sweep(tmp_path):
     result = edgespec("bench", "--target", "qwen2.5-coder-1.5b-instruct", "--drafters", "lookup",
                       "--json", missing)
     assert_one_line_error(result, "--json", "does not exist")
+
+
+def test_ngl_on_a_build_without_gpu_offload_says_so_and_adds_no_draft_model(smollm2_path):
+    if gpu_offload_supported():
+        pytest.skip("this llama-cpp-python build offloads to a GPU")
+    result = edgespec("generate", "-m", smollm2_path, "-ngl", "99", "-p", "Hi", "-n", "4", "--temp", "0")
+    assert result.returncode == 0, result.stderr
+    assert "cannot offload to a GPU" in result.stderr and "docs/gpu.md" in result.stderr
+    # The default pairing adds its draft model only where the target really is on a GPU:
+    # llama.cpp offloading, or MLX on Apple Silicon (elsewhere MLX runs on the CPU).
+    args = argparse.Namespace(model=str(smollm2_path), backend="auto", n_gpu_layers=99)
+    assert not on_accelerator(args)
+    mlx_args = argparse.Namespace(model=str(smollm2_path), backend="mlx", n_gpu_layers=0)
+    assert on_accelerator(mlx_args) == on_apple_silicon()

@@ -69,6 +69,11 @@ class Log:
         return message
 
 
+def gpu_offload_supported() -> bool:
+    """Whether this llama-cpp-python build can offload layers to a GPU (CUDA, Metal, ...)."""
+    return bool(llama.llama_supports_gpu_offload())
+
+
 def physical_core_count() -> int:
     """Physical CPU cores: llama.cpp's own default for decoding threads."""
     if sys.platform == "darwin":  # performance cores (llama.cpp's choice on Apple Silicon)

@@ -96,7 +96,7 @@ def greet(endpoint: str, *, timeout: float = 10.0) -> tuple[int, int, int]:
     protocol this build would abort on."""
     host, _, port = endpoint.rpartition(":")
     start = (f"start it there with `rpc-server --host 0.0.0.0 --port {port}` "
-             f"(see README: Targets on other machines)")
+             f"(docs/rpc.md)")
     rebuild = "run an rpc-server built from the llama.cpp that llama-cpp-python vendors " \
               "(`python scripts/rpc_servers.py --build`)"
     try:
