@@ -11,7 +11,7 @@ from pathlib import Path
 
 from .backends.base import Backend
 from .cache import CachedModel
-from .calibration import calibration_path, prior_for, save_calibration
+from .calibration import pair_path, prior_for, save_calibration
 from .costs import CostModel
 from .drafters import PromptLookup
 from .drafters.base import MODEL, Drafter
@@ -39,9 +39,7 @@ def auto_planner(target: Backend | CachedModel, drafter: Drafter | None,
 
 def costs_path(target: Backend | CachedModel, drafter: Drafter | None) -> Path:
     """Where the costs of this pair on this machine are kept."""
-    models = _draft_models(drafter)
-    backend = target.backend if isinstance(target, CachedModel) else target
-    return calibration_path(backend, models[0][1].backend if models else None)
+    return pair_path(target, _draft_models(drafter))
 
 
 def save_costs(planner: AdaptivePlanner, target: Backend | CachedModel, drafter: Drafter | None) -> None:

@@ -15,18 +15,18 @@ def print_report(result: dict, console: Console | None = None) -> None:
     for column in ("set", "T", "drafter", "k", "acceptance", "mean acc. len", "per position",
                    "tok/s", "× plain (geo. mean)", "(median)", "(min–max)", "drafter MB"):
         table.add_column(column, justify="right")
-    rows = sorted(result["summary"], key=lambda r: (r["prompt_set"], r["temperature"], r.get("sampling", ""),
+    rows = sorted(result["summary"], key=lambda r: (r["prompt_set"], r["temperature"], r["sampling"],
                                                    ("plain", "fixed", "auto").index(r["mode"]),
                                                    r["drafter"], r["num_draft"]))
     previous = None
     for r in rows:
-        group = (r["prompt_set"], r["temperature"], r.get("sampling"))
+        group = (r["prompt_set"], r["temperature"], r["sampling"])
         if previous is not None and group != previous:
             table.add_section()
         previous = group
         plain = r["mode"] == "plain"
         table.add_row(
-            r["prompt_set"], f"{r['temperature']:g}" + (" inv." if r.get("sampling") == "invariant" else ""),
+            r["prompt_set"], f"{r['temperature']:g}" + (" inv." if r["sampling"] == "invariant" else ""),
             "plain" if plain else r["drafter"],
             "auto" if r["mode"] == "auto" else ("" if plain else str(r["num_draft"])),
             "" if plain else f"{r['acceptance_rate']:.1%}",

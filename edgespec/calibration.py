@@ -113,9 +113,14 @@ def load_calibration(path: Path) -> dict | None:
     return data
 
 
+def pair_path(target: Model, drafts: Sequence[tuple[str, Model]]) -> Path:
+    """Where the costs of ``target`` with its first draft model (if any) are kept."""
+    return calibration_path(_backend(target), _backend(drafts[0][1]) if drafts else None)
+
+
 def prior_for(target: Model, drafts: Sequence[tuple[str, Model]]) -> dict:
     """The cached prior of this pair, or a new calibration (then cached)."""
-    path = calibration_path(_backend(target), _backend(drafts[0][1]) if drafts else None)
+    path = pair_path(target, drafts)
     prior = load_calibration(path)
     if prior and all(name in prior.get("c", {}) for name, _ in drafts):
         return prior

@@ -76,7 +76,7 @@ class CostModel:
     """Costs of target passes and drafter steps, in plain steps (see module doc).
 
     ``prior`` holds ratios (``{"v": {n: v(n)}, "c": {name: c}}``),
-    e.g. :func:`load_calibration`'s; it stands in until this run has measured
+    e.g. :func:`~edgespec.calibration.load_calibration`'s; it stands in until this run has measured
     the same quantity (a few times: see the module doc).
     """
 

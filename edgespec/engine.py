@@ -421,11 +421,11 @@ class Engine:
         reports: list[DraftReport] = []
         while (proposal := self.planner.plan(run.context, limit)) is not None:
             drafter = proposal.drafter
-            stop = {} if proposal.min_confidence is None else {"min_confidence": proposal.min_confidence}
             start = self._clock()
             caught_up = drafter.prefill(run.context)
             proposed = self._clock()
-            draft = drafter.propose(run.context, proposal.num_draft, run.params, run.rng, **stop)
+            draft = drafter.propose(run.context, proposal.num_draft, run.params, run.rng,
+                                   min_confidence=proposal.min_confidence)
             done = self._clock()
             run.stats.draft_time_s += done - start
             reports.append(DraftReport(proposal, draft, caught_up, proposed - start, done - proposed))

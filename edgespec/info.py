@@ -30,10 +30,10 @@ def _llama_cpp() -> list[tuple[str, str]]:
 def _llama_cpp_rows() -> list[tuple[str, str]]:
     import llama_cpp
 
-    from .backends.llama_lib import physical_core_count
+    from .backends.llama_lib import gpu_offload_supported, physical_core_count
     from .backends.repack import describe as describe_repacking
     rows = [("llama.cpp", f"loads (llama-cpp-python {getattr(llama_cpp, '__version__', '?')})"),
-            ("  GPU offload (-ngl)", "supported" if llama_cpp.llama_supports_gpu_offload()
+            ("  GPU offload (-ngl)", "supported" if gpu_offload_supported()
              else "not in this build (CPU only; docs/gpu.md: rebuilding with CUDA or Metal)")]
     from .backends.rpc import install_line
     rows.append(("  RPC (--rpc)", "supported: the target's layers can go to rpc-servers (docs/rpc.md)"

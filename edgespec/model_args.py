@@ -19,15 +19,6 @@ def on_apple_silicon() -> bool:
     return sys.platform == "darwin" and platform.machine() == "arm64"
 
 
-def is_gguf(path: Path) -> bool:
-    """Whether ``path`` is a file that starts like a GGUF file."""
-    try:
-        with open(path, "rb") as f:
-            return f.read(4) == b"GGUF"
-    except OSError:
-        return False
-
-
 def looks_like_hub_id(spec: str) -> bool:
     """``org/name`` with no file suffix: a Hugging Face repository id."""
     parts = spec.split("/")

@@ -101,7 +101,7 @@ class Planner(Protocol):
         """Learn from a finished round; the next :meth:`plan` starts a new round."""
 
     def close(self) -> None:
-        """The engine is closing: keep what is worth keeping (e.g. measured costs)."""
+        """The engine is closing (the engine itself saves an auto planner's costs)."""
 
     def timing_wanted(self) -> Sequence[int]:
         """Pass sizes whose cost the planner would like timed while the engine

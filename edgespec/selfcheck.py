@@ -143,7 +143,7 @@ def _distribution_check(draft: DraftModel, target_rows, draft_rows, invariant: b
     thousand tests, on some pair: a test that does is run again on other seeds, and
     fails only if that one does too (a false alarm then has a chance of one in a
     million; a wrong rule fails both)."""
-    name = "seed-invariant rule" if invariant else "exact rule"
+    name = CHECKS[1] if invariant else CHECKS[0]
     results, acceptance, first = {}, {}, {}
     for temperature in temperatures:
         results[temperature], acceptance[temperature] = _pooled_test(
@@ -272,7 +272,7 @@ def _greedy_check(engine: Engine, draft: DraftModel, prompts: list[list[int]], t
         f"{len(splits)} of {2 * len(prompts)} runs part from plain decoding, at top-2 gaps up to " \
         f"{worst:.3f} (a near-tie: < {NEAR_TIE})" if passed else \
         f"parts from plain decoding where its top-2 gap is {worst:.3f} (not a near-tie)"
-    return Check("greedy", passed, detail, {"splits": splits, "near_tie": NEAR_TIE})
+    return Check(CHECKS[2], passed, detail, {"splits": splits, "near_tie": NEAR_TIE})
 
 
 def race_gap(logits: np.ndarray, params: SamplingParams, coupling: Coupling, position: int) -> float:
@@ -318,7 +318,7 @@ def _seed_check(engine: Engine, draft: DraftModel, prompts: list[list[int]], tok
         if not splits else f"{len(splits)} of {runs} runs part from plain decoding, at race gaps up " \
         f"to {worst:.3f} (a near-tie: < {limit:.2f})" if passed else \
         f"parts from plain decoding where the race's gap is {worst:.3f} (not a near-tie)"
-    return Check("one seed, one text", passed, detail, {"splits": splits, "seed": seed,
+    return Check(CHECKS[3], passed, detail, {"splits": splits, "seed": seed,
                                                         "near_tie": limit})
 
 

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from .engine import Chunk, Engine
+from .engine import Engine
+from .generation import Chunk
 from .errors import EdgespecError
 from .prompting import chat_prompt_ids
 from .sampling import SamplingParams
@@ -38,7 +39,7 @@ class TurnResult:
 class ChatSession:
     """One person's conversation with a model.
 
-    ``send`` streams the reply as :class:`~edgespec.engine.Chunk` objects; the
+    ``send`` streams the reply as :class:`~edgespec.generation.Chunk` objects; the
     reply (or the part of it produced before an interruption) is kept in the
     history either way.
     """

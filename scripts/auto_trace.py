@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 
 import edgespec
-from edgespec.auto import auto_planner
+from edgespec.drafters.base import MODEL
 from edgespec.planner import RoundResult
 from edgespec.prompt_sets import load_conversations
 from edgespec.prompting import chat_prompt_ids
@@ -36,7 +36,7 @@ def trace(planner) -> None:
         beliefs = []
         for drafter in planner.drafters:
             name = drafter.name
-            if drafter.kind != "model":
+            if drafter.kind != MODEL:
                 continue
             behind = planner._state[name].behind
             in_step = planner.best_k(name, name, planner.max_draft)
@@ -66,8 +66,7 @@ def main() -> None:
     args = parser.parse_args()
 
     engine = edgespec.load(args.target, draft=None if args.draft == "none" else args.draft)
-    planner = auto_planner(engine.target_cache, engine.drafter)  # the cached costs, as chat
-    engine.configure(engine.drafter, "auto", planner)
+    planner = engine.planner  # auto mode from the cached costs, as chat builds it
     turns = load_conversations(args.prompts)[args.index][:args.turn]
     params = SamplingParams(temperature=args.temp, seed=0)
     messages = []

@@ -35,7 +35,7 @@ class DraftModel:
         # distribution before sampling, so proposals stay exactly distributed as q.
         self.min_confidence = min_confidence
         self._next_logits: np.ndarray | None = None  # [V] after the cached tokens
-        # A backend whose logits stay on its device (MLX) drafts there (edgespec.mlx_ops).
+        # A backend whose logits stay on its device (MLX) drafts there (edgespec.backends.mlx_ops).
         self._on_device = bool(getattr(backend, "device_logits", False))
         # q of each draft on the host: a draft's probs are read until it is verified,
         # and the next proposal overwrites them.

@@ -25,7 +25,7 @@ the round being verified) keeps the acceptance rule exact.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
@@ -149,8 +149,7 @@ class AdaptivePlanner:
         if not draft.token_ids:
             return None
         if draft.bucket is None:
-            return Proposal(proposal.drafter, len(draft), proposal.probe,
-                            min_confidence=proposal.min_confidence, retry=proposal.retry)
+            return replace(proposal, num_draft=len(draft))
         key = f"{name}:{draft.bucket}"  # decide now that the kind of draft is known
         keep, probe, retry = self._decide(key, name, len(draft))
         if not keep or (self.config.compare_drafters and self._better_later(self.best_k(key, name, keep)[1])):
@@ -169,7 +168,7 @@ class AdaptivePlanner:
                 self.tracker(name).update(0, 0, stopped=True)  # a draft model unsure of its first token
         self.cost.observe_target(result.target_tokens, result.target_seconds)
         self.confidence_update(result.target_top_probs)
-        verified = result.verified.drafter.name if result.verified and result.drafter else None
+        verified = result.verified.drafter.name if result.verified else None
         if verified is not None:
             report = result.reports[-1]  # the engine verifies the last draft it asked for
             stopped = self._stopped(report) and result.verified.num_draft == len(report.draft)
