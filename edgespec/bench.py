@@ -25,7 +25,7 @@ from .errors import EdgespecError
 from .loading import BUILTIN_DRAFTERS, BackendOptions, load_backend
 from .model_args import pick_backend
 from .models import resolve_model
-from .prompt_sets import load_conversations
+from .prompt_sets import Turn, load_conversations, turn_messages
 from .prompting import chat_prompt_ids
 from .policy import AdaptivePlanner, PolicyConfig, auto_drafters
 from .sampling import SamplingParams
@@ -201,7 +201,7 @@ def run_bench(config: BenchConfig, options: BackendOptions, *, progress=None, lo
 
 
 def _run_conversation(engine: Engine, target, mode: str, drafter, k: int, prior: dict,
-                      turns: list[str], params, config, cheap):
+                      turns: list[Turn], params, config, cheap):
     """Yield a generation per user turn: plain decoding, a fixed drafter and k, or
     auto mode (over ``cheap``, prompt lookup or the suffix drafter, and
     ``drafter``), with the conversation, the KV cache and the drafters' state
@@ -219,8 +219,7 @@ def _run_conversation(engine: Engine, target, mode: str, drafter, k: int, prior:
         engine.configure(drafter, k)  # no stop: auto mode gives its learned one back
     messages = []
     for user in turns:
-        messages.append({"role": "user", "content": user})
-        ids = chat_prompt_ids(target, messages)
+        ids = chat_prompt_ids(target, turn_messages(messages, user))
         generation = engine.generate(ids, params, max_tokens=config.max_tokens,
                                      speculative=mode != "plain")
         messages.append({"role": "assistant", "content": generation.text})

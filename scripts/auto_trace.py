@@ -22,7 +22,7 @@ import argparse
 import edgespec
 from edgespec.drafters.base import MODEL
 from edgespec.planner import RoundResult
-from edgespec.prompt_sets import load_conversations
+from edgespec.prompt_sets import load_conversations, turn_messages
 from edgespec.prompting import chat_prompt_ids
 from edgespec.sampling import SamplingParams
 
@@ -71,8 +71,7 @@ def main() -> None:
     params = SamplingParams(temperature=args.temp, seed=0)
     messages = []
     for number, user in enumerate(turns, 1):
-        messages.append({"role": "user", "content": user})
-        ids = chat_prompt_ids(engine.target, messages)
+        ids = chat_prompt_ids(engine.target, turn_messages(messages, user))
         if number == len(turns):
             trace(planner)
         generation = engine.generate(ids, params, max_tokens=args.max_tokens,

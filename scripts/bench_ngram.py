@@ -44,7 +44,7 @@ import numpy as np  # noqa: E402
 from edgespec.ceiling import ceiling, copy_lengths  # noqa: E402
 from edgespec.calibration import calibrate  # noqa: E402
 from edgespec.drafters.base import Draft  # noqa: E402
-from edgespec.prompt_sets import load_conversations  # noqa: E402
+from edgespec.prompt_sets import load_conversations, turn_messages  # noqa: E402
 from edgespec.prompting import chat_prompt_ids  # noqa: E402
 from edgespec.sampling import SamplingParams  # noqa: E402
 
@@ -171,15 +171,21 @@ def main() -> int:
                 planner = auto_planner(engine.target_cache, drafter)
                 messages = []
                 for turn, user in enumerate(turns, 1):
-                    messages.append({"role": "user", "content": user})
+                    prompt = turn_messages(messages, user)
                     label = set_name if turn == 1 else f"{set_name}@2+"
-                    ids = chat_prompt_ids(target, messages)
+                    ids = chat_prompt_ids(target, prompt)
+                    # llama.cpp's modes on what can copy: a captured request, a single
+                    # prompt, a conversation's later turns.
+                    copies = not isinstance(user, str) or turn > 1 or len(turns) == 1
                     speeds, plain = _run_prompt(engine, drafter, planner, map_k, ids, params, args,
-                                                llama_modes if turn > 1 or len(turns) == 1 else [],
-                                                bin_dir, target, messages,
+                                                llama_modes if copies else [],
+                                                bin_dir, target, prompt,
                                                 target_path if llama_modes else None)
                     reply = plain.token_ids
-                    speeds["ceiling"] = {"speedup": ceiling(copy_lengths(ids, reply, LONGEST), v.__getitem__)}
+                    bound = ceiling(copy_lengths(ids, reply, LONGEST), v.__getitem__)
+                    plain_seconds = plain.stats.prefill_time_s + plain.stats.decode_time_s
+                    speeds["ceiling"] = {"speedup": bound, "whole_speedup": plain_seconds / (
+                        plain.stats.prefill_time_s + plain.stats.decode_time_s / bound)}
                     rows.append({"set": label, "index": index, "turn": turn, "repeat": repeat,
                                  "tokens": len(reply), "modes": speeds})
                     print(f"{label}:{index} turn {turn} r{repeat}: " + ", ".join(
@@ -201,61 +207,85 @@ def main() -> int:
 def _run_prompt(engine, drafter, planner, map_k, ids, params, args, llama_modes, bin_dir, target,
                 messages, target_path):
     """Each mode between two plain decodings of ``ids``: {mode: figures}, and the first
-    plain decoding (its reply is the conversation's history for the next turn)."""
+    plain decoding (its reply is the conversation's history for the next turn).
+
+    Each figure has the decode speedup (tokens per second of decoding over the mean of the
+    two plain runs around it) and the whole request's (prompt processing included, as a
+    client waits for it: the same number of tokens at each side's decoding speed, after
+    each side's own prompt processing). The first plain run and the auto run start from
+    an empty cache, so both process the whole prompt; the plain runs in between reuse it.
+    """
     import llamacpp_reference as ref
 
-    def plain_run():
+    def plain_run(cold=False):
         engine.configure(drafter, 4)
+        if cold:
+            engine.target_cache.rewind(0)
         return engine.generate(ids, params, max_tokens=args.max_tokens, speculative=False)
 
-    first = before = plain_run()
+    first = before = plain_run(cold=True)
+    plain_prefill = first.stats.prefill_time_s
     speeds = {}
 
-    def record(mode, tokens_per_second, drafted, accepted, same):
+    def record(mode, tokens, tokens_per_second, prefill_seconds, drafted, accepted, same):
         nonlocal before
         after = plain_run()
         base = statistics.mean([before.stats.tokens_per_second, after.stats.tokens_per_second])
-        speeds[mode] = {"speedup": tokens_per_second / base, "tokens_per_second": tokens_per_second,
-                        "drafted": drafted, "accepted": accepted, "same_as_plain": same}
+        whole_plain = plain_prefill + tokens / base
+        whole = prefill_seconds + tokens / tokens_per_second
+        speeds[mode] = {"speedup": tokens_per_second / base, "whole_speedup": whole_plain / whole,
+                        "tokens_per_second": tokens_per_second, "prefill_seconds": prefill_seconds,
+                        "plain_tokens_per_second": base, "plain_prefill_seconds": plain_prefill,
+                        "tokens": tokens, "drafted": drafted, "accepted": accepted, "same_as_plain": same}
         before = after
 
     engine.configure(drafter, "auto", planner)
+    engine.target_cache.rewind(0)
     g = engine.generate(ids, params, max_tokens=args.max_tokens)
-    record("auto", g.stats.tokens_per_second, g.stats.drafted, g.stats.accepted,
-           g.token_ids == first.token_ids)
+    record("auto", g.stats.generated_tokens, g.stats.tokens_per_second, g.stats.prefill_time_s,
+           g.stats.drafted, g.stats.accepted, g.token_ids == first.token_ids)
     if not args.no_map_k_rule:
         engine.configure(map_k, map_k.value)
         g = engine.generate(ids, params, max_tokens=args.max_tokens)
-        record("map-k rule", g.stats.tokens_per_second, g.stats.drafted, g.stats.accepted,
-               g.token_ids == first.token_ids)
+        record("map-k rule", g.stats.generated_tokens, g.stats.tokens_per_second, plain_prefill,
+               g.stats.drafted, g.stats.accepted, g.token_ids == first.token_ids)
     text = target.apply_chat_template(messages)
     for mode in llama_modes:
+        # As many tokens as plain decoding gave (it stops at the end token too).
         r = ref.speculative_simple(bin_dir, target_path, None, text, threads=args.threads or 2,
-                                   num_draft=0, max_tokens=args.max_tokens, n_ctx=args.ctx,
+                                   num_draft=0, max_tokens=max(1, len(first.token_ids)), n_ctx=args.ctx,
                                    spec_args=LLAMA_MODES[mode], n_gpu_layers=args.n_gpu_layers)
         # llama.cpp finishes its last round past -n: compare the common length.
         same = r.text.startswith(first.text) or first.text.startswith(r.text)
-        record(f"llama.cpp {mode}", r.tokens_per_second, r.drafted, r.accepted, same)
+        record(f"llama.cpp {mode}", r.decoded, r.tokens_per_second, r.prompt_seconds, r.drafted,
+               r.accepted, same)
     return speeds, first
 
 
 def report(rows) -> None:
+    """One table per set: each mode's decode and whole-request speed over plain decoding."""
     modes = list(dict.fromkeys(m for r in rows for m in r["modes"]))
     llama = [m for m in modes if m.startswith("llama.cpp")]
     for set_name in dict.fromkeys(r["set"] for r in rows):
         mine = [r for r in rows if r["set"] == set_name]
-        print(f"\n{set_name}: {len(mine)} prompt runs, x plain decoding")
-        print(f"{'mode':26s} {'geo. mean':>9s} {'median':>7s} {'min-max':>11s} {'accepted':>9s}")
+        print(f"\n{set_name}: {len(mine)} prompt runs, x plain decoding "
+              f"(decode: geometric mean, median, min-max; whole request: geometric mean, min-max)")
+        print(f"{'mode':26s} {'decode':>7s} {'median':>7s} {'min-max':>11s} {'whole':>7s} "
+              f"{'min-max':>11s} {'accepted':>9s}")
         geo = {}
         for mode in modes:
-            values = [r["modes"][mode]["speedup"] for r in mine if mode in r["modes"]]
-            if not values:
+            figures = [r["modes"][mode] for r in mine if mode in r["modes"]]
+            if not figures:
                 continue
+            values = [f["speedup"] for f in figures]
+            whole = [f["whole_speedup"] for f in figures if "whole_speedup" in f]
             geo[mode] = statistics.geometric_mean(values)
-            drafted = sum(r["modes"][mode].get("drafted", 0) for r in mine if mode in r["modes"])
-            accepted = sum(r["modes"][mode].get("accepted", 0) for r in mine if mode in r["modes"])
-            print(f"{mode:26s} {geo[mode]:9.3f} {statistics.median(values):7.3f} "
+            drafted = sum(f.get("drafted", 0) for f in figures)
+            accepted = sum(f.get("accepted", 0) for f in figures)
+            print(f"{mode:26s} {geo[mode]:7.3f} {statistics.median(values):7.3f} "
                   f"{min(values):5.2f}-{max(values):<5.2f} "
+                  + (f"{statistics.geometric_mean(whole):7.3f} {min(whole):5.2f}-{max(whole):<5.2f} "
+                     if whole else f"{'':>7s} {'':>11s} ")
                   + (f"{accepted / drafted:9.1%}" if drafted else f"{'':>9s}"))
         best = max(llama, key=lambda m: geo.get(m, 0.0), default=None)
         if "auto" in geo and best in geo:

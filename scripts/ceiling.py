@@ -27,7 +27,7 @@ import sys
 import edgespec
 from edgespec.ceiling import ScheduledDrafter, best_schedule, ceiling, copy_lengths
 from edgespec.calibration import calibrate
-from edgespec.prompt_sets import load_conversations
+from edgespec.prompt_sets import load_conversations, turn_messages
 from edgespec.prompting import chat_prompt_ids
 from edgespec.sampling import SamplingParams
 
@@ -73,8 +73,8 @@ def main() -> None:
         for index, turns in enumerate(load_conversations(set_name)[:args.prompts_per_set]):
             messages = []
             for turn, user in enumerate(turns, 1):
-                messages.append({"role": "user", "content": user})
-                row = _prompt(engine, chat_prompt_ids(target, messages), args, v)
+                prompt = turn_messages(messages, user)
+                row = _prompt(engine, chat_prompt_ids(target, prompt), args, v)
                 row.update(set=set_name if turn == 1 else f"{set_name}@2+", index=index, turn=turn)
                 result["prompts"].append(row)
                 messages.append({"role": "assistant", "content": row.pop("text")})

@@ -117,6 +117,7 @@ class SpecResult:
     tokens_per_second: float
     drafted: int
     accepted: int
+    prompt_seconds: float = 0.0  # processing the prompt ("encoded ... in ... seconds")
 
     @property
     def acceptance_rate(self) -> float:
@@ -177,4 +178,5 @@ def speculative_simple(bin_dir: Path, target: Path, draft: Path | None, prompt: 
     return SpecResult(text=text, decoded=decoded,
                       tokens_per_second=number(r"decoded\s+\d+ tokens in\s+[\d.]+ seconds, speed:\s+([\d.]+)"),
                       drafted=int(number(r"n_drafted\s*=\s*(\d+)")),
-                      accepted=int(number(r"n_accept\s*=\s*(\d+)")))
+                      accepted=int(number(r"n_accept\s*=\s*(\d+)")),
+                      prompt_seconds=number(r"encoded\s+\d+ tokens in\s+([\d.]+) seconds"))

@@ -62,20 +62,20 @@ def record(args) -> None:
     from edgespec.cache import CachedModel
     from edgespec.engine import Engine
     from edgespec.loading import BackendOptions, load_backend
-    from edgespec.prompt_sets import load_conversations
+    from edgespec.prompt_sets import load_conversations, turn_messages
     from edgespec.prompting import chat_prompt_ids
 
     options = BackendOptions()
     target = load_backend(args.target, options)
-    draft = load_backend(args.draft, options)
+    draft = None if args.draft == "none" else load_backend(args.draft, options)
     # Every pass size auto mode may choose (up to its longest draft, 64), sampled at the
     # powers of two and one past them (repacked kernels multiply rows in groups of 4).
-    cost = calibrate(target, [(MODEL, draft)], sizes=TIMED_SIZES, repeats=args.repeats)
+    cost = calibrate(target, [(MODEL, draft)] if draft else [], sizes=TIMED_SIZES, repeats=args.repeats)
     engine = Engine(target, None, num_draft=2)
     vocab = target.vocab.size
     first, last = (int(x) for x in args.prompts.split(":"))
 
-    draft_cache = CachedModel(draft)
+    draft_cache = CachedModel(draft) if draft else None
 
     def teacher_forced(cache, prompt, out):
         """Row i predicts out[i]; the prompt's prefix stays cached (a conversation's
@@ -92,25 +92,29 @@ def record(args) -> None:
             for index, turns in enumerate(load_conversations(set_name)[first:last], start=first):
                 messages = []
                 for turn, user in enumerate(turns, 1):
-                    messages.append({"role": "user", "content": user})
-                    ids = chat_prompt_ids(target, messages)
+                    ids = chat_prompt_ids(target, turn_messages(messages, user))
                     g = engine.generate(ids, params, max_tokens=args.max_tokens, speculative=False)
                     messages.append({"role": "assistant", "content": g.text})
                     out = [int(t) for t in g.token_ids]
                     if g.finish_reason == "stop":
                         out.append(min(target.vocab.eos_token_ids))
-                    p_logits = teacher_forced(engine.target_cache, ids, out)
-                    q_logits = teacher_forced(draft_cache, ids, out)
-                    if temperature == 0:
+                    if draft_cache is None:  # (no draft model: lookup alone is replayed)
+                        accept, top, target_top = (np.zeros(len(out)), np.zeros(len(out)),
+                                                   np.ones(len(out)))
+                    elif temperature == 0:
+                        p_logits = teacher_forced(engine.target_cache, ids, out)
+                        q_logits = teacher_forced(draft_cache, ids, out)
                         accept = (q_logits.argmax(-1) == np.array(out)).astype(float)
                         top, target_top = top_probability(q_logits), top_probability(p_logits)
                     else:
+                        p_logits = teacher_forced(engine.target_cache, ids, out)
+                        q_logits = teacher_forced(draft_cache, ids, out)
                         p, q = logits_to_probs(p_logits, params), logits_to_probs(q_logits, params)
                         accept, top, target_top = np.minimum(p, q).sum(-1), q.max(-1), p.max(-1)
                     traces.append({"temp": temperature, "set": set_name if turn == 1 else f"{set_name}@2+",
                                    "index": index, "turn": turn, "prompt": ids,
                                    "out": out, "accept": accept.tolist(), "top": top.tolist(),
-                                   "target_top": target_top.tolist()})
+                                   "target_top": target_top.tolist(), "draft": draft is not None})
                     print(f"T={temperature:g} {set_name} #{index} turn {turn}: {len(out)} tokens, "
                           f"mean drafter acceptance {accept.mean():.2f}", flush=True)
     with open(args.out, "w") as f:
@@ -154,7 +158,8 @@ def replay(trace: dict, true: CostModel, *, config: PolicyConfig | None = None,
             else PromptLookup(max_ngram=8 if config else 4)
         state["model"] = TraceModel()
         state["planner"] = AdaptivePlanner(
-            [state["lookup"], state["model"]] if with_model else [state["lookup"]],
+            [state["lookup"], state["model"]] if with_model and trace.get("draft", True)
+            else [state["lookup"]],
             CostModel(prior), config) if config else None
     lookup, model, planner = state["lookup"], state["model"], state["planner"]
     params = SamplingParams(temperature=trace["temp"])
@@ -328,7 +333,8 @@ def main() -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     rec = sub.add_parser("record", help="record traces (runs the models)")
     rec.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
-    rec.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct")
+    rec.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct",
+                     help="the draft model to record ('none': prompt lookup alone)")
     rec.add_argument("--sets", default="code,edit,chat")
     rec.add_argument("--prompts", default="0:3", help="FIRST:LAST prompt indices of each set")
     rec.add_argument("--temps", default="0,0.7")
