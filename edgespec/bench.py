@@ -131,9 +131,9 @@ def run_bench(config: BenchConfig, options: BackendOptions, *, progress=None, lo
     # The sizes auto mode's cached costs hold once a run has timed its long passes
     # (CALIBRATION_SIZES and LONG_SIZES), so that auto runs here from the prior it has in
     # `edgespec generate`, and every fixed k's pass.
-    cost = calibrate(target, models, sizes=sorted(set(CALIBRATION_SIZES) | set(LONG_SIZES)
-                                                  | {k + 1 for k in config.num_draft}))
-    prior = cost.as_prior()
+    sizes = sorted(set(CALIBRATION_SIZES) | set(LONG_SIZES) | {k + 1 for k in config.num_draft})
+    cost = calibrate(target, models, sizes=sizes)
+    prior = cost.as_prior(sizes)
     engine = Engine(target, None, num_draft=max(config.num_draft, default=4))
     model_drafters = [d for d in drafters.values() if d.kind == MODEL]
     fixed = [(name, k) for name in drafters for k in config.num_draft]

@@ -31,20 +31,23 @@ def _backend(model: Model) -> Backend:
 def calibrate(target: Model, drafts: Sequence[tuple[str, Model]], *,
               sizes: Sequence[int] = CALIBRATION_SIZES,
               repeats: int = CALIBRATION_REPEATS,
-              clock: Callable[[], float] = time.perf_counter) -> CostModel:
+              clock: Callable[[], float] = time.perf_counter,
+              context: Sequence[int] | None = None) -> CostModel:
     """Time target passes of ``sizes`` tokens and one-token drafter steps,
     interleaved (so a busy moment hits all alike), on ``clock`` (the engine's).
 
     The models are backends, or the caches a generation uses (a
     :class:`~edgespec.cache.CachedModel`: its list of cached tokens stays
     true). Each kind gets one warm-up pass (discarded) and ``repeats`` timed
-    ones, read by their median. Runs on a short dummy context and leaves the
-    caches empty, also when interrupted.
+    ones, read by their median. Runs after a short dummy context, or after
+    ``context`` (a pass attends to all that is cached: over a few thousand tokens a
+    64-token pass costs a fifth more), and leaves the caches empty, also when
+    interrupted.
     """
     cost = CostModel()
     vocab = _backend(target).vocab
     token = 0 if vocab.bos_token_id is None else vocab.bos_token_id
-    context = [token] * 16
+    context = [token] * 16 if context is None else [int(t) for t in context]
 
     def timed(backend: Model, n: int) -> float:
         start = clock()
@@ -56,7 +59,8 @@ def calibrate(target: Model, drafts: Sequence[tuple[str, Model]], *,
     try:
         for backend in [target] + [b for _, b in drafts]:
             backend.rewind(0)
-            backend.forward(context, last_only=True)
+            for start in range(0, len(context), 512):  # (a batch at a time)
+                backend.forward(context[start:start + 512], last_only=True)
         for repeat in range(repeats + 1):
             warm_up = repeat == 0  # timed like the rest, and discarded
             for n in sorted(set(sizes) | {1}):
@@ -92,7 +96,9 @@ def calibration_key(target: Backend, draft: Backend | None) -> str:
 def calibration_path(target: Backend, draft: Backend | None) -> Path:
     """Where the costs of this pair on this machine are cached."""
     from .models import edgespec_home
-    return edgespec_home() / "calibration" / f"v2-{calibration_key(target, draft)}.json"
+    # v3: only the sizes a run times on purpose are kept, each sample as a ratio to the
+    # plain steps of its moment (v2 files could hold a 63-token pass timed once).
+    return edgespec_home() / "calibration" / f"v3-{calibration_key(target, draft)}.json"
 
 
 def load_calibration(path: Path) -> dict | None:

@@ -40,6 +40,7 @@ TRUSTED_SAMPLES = 3             # in-run samples of a pass size or a drafter's s
 COLD_START = 1.5                # (a step: when dearer than the prior by no more than this, a cold start)
 CALIBRATION_SIZES = (1, 2, 3, 4, 5, 8, 9)  # 4 and 8: see CostModel._estimate_v
 LONG_SIZES = (16, 32, 64)       # timed by a run when first needed (AdaptivePlanner.timing_wanted)
+SAVED_SIZES = frozenset(CALIBRATION_SIZES + LONG_SIZES)  # what a cost file keeps
 CALIBRATION_REPEATS = 5         # timed passes per size after one warm-up pass
 PRIOR_WEIGHT = 3                # samples a prior counts as when a run saves what it timed
 CONFIRMED = 1.5                 # a run's passes within this factor of the prior confirm it
@@ -50,12 +51,16 @@ class _Samples:
 
     def __init__(self) -> None:
         self.values: deque[float] = deque(maxlen=WINDOW)
+        # Each value over the plain step of its moment (None: none measured yet), which is
+        # what a run saves: a ratio to plain steps timed around it, not to the run's last.
+        self.ratios: deque[float | None] = deque(maxlen=WINDOW)
         self.last_tick = -1  # the CostModel's clock at the newest sample
         self._estimate: float | None = None  # of the values as they are (the planner asks often)
 
-    def add(self, value: float, tick: int) -> None:
+    def add(self, value: float, tick: int, step: float | None = None) -> None:
         if value >= 0:
             self.values.append(value)
+            self.ratios.append(value / step if step else None)
             self.last_tick = tick
             self._estimate = None
 
@@ -96,13 +101,14 @@ class CostModel:
     def observe_target(self, num_tokens: int, seconds: float) -> None:
         """A target pass over ``num_tokens`` tokens (verify included) took ``seconds``."""
         self.tick += 1
-        self._target.setdefault(num_tokens, _Samples()).add(seconds, self.tick)
+        step = self.step_seconds if num_tokens > 1 else None
+        self._target.setdefault(num_tokens, _Samples()).add(seconds, self.tick, step)
         self._v_table = self._points = None
 
     def observe_draft(self, name: str, steps: int, seconds: float) -> None:
         """``steps`` drafter steps took ``seconds``."""
         if steps > 0:
-            self._step.setdefault(name, _Samples()).add(seconds / steps, self.tick)
+            self._step.setdefault(name, _Samples()).add(seconds / steps, self.tick, self.step_seconds)
 
     @property
     def step_seconds(self) -> float | None:
@@ -280,7 +286,10 @@ class CostModel:
         c = dict(self.prior_c)
         if step:  # ratios need this run's plain step
             for n in self.measured_sizes():
-                if n > 1:
+                # The sizes a run may time on purpose (the calibration's, the long ones):
+                # a draft of 23 or 63 tokens timed once or twice would stand as a point
+                # of its own in every later run, right or not.
+                if 1 < n and (n in SAVED_SIZES or n in sizes or n in self.prior_v):
                     v[n] = _saved(self._target[n], step, self.prior_v.get(n), 1.0, float(n))
             for name, samples in self._step.items():
                 if samples.values:
@@ -291,9 +300,11 @@ class CostModel:
 
 
 def _saved(samples: _Samples, step: float, prior: float | None, low: float, high: float) -> float:
-    """What a run keeps of one cost: the median of its samples, as ratios to the plain
-    ``step``, and ``prior`` counted as PRIOR_WEIGHT samples, within [low, high]."""
-    ratios = [seconds / step for seconds in samples.values]
+    """What a run keeps of one cost: the median of its samples, each as a ratio to the
+    plain step of its moment (else to the run's ``step``), and ``prior`` counted as
+    PRIOR_WEIGHT samples, within [low, high]."""
+    ratios = [ratio if ratio is not None else seconds / step
+              for seconds, ratio in zip(samples.values, samples.ratios)]
     return _clamp(statistics.median(ratios + ([prior] * PRIOR_WEIGHT if prior is not None else [])),
                   low, high)
 

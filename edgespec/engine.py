@@ -331,15 +331,18 @@ class Engine:
 
         Where the planner wants pass sizes timed, the prompt's last tokens go in
         passes of those sizes, each timed as a round's pass is (every row's logits,
-        verified greedily): the smallest sizes wanted whose sum is at most half of the
-        prompt, evaluated again if the cache held them already (the planner asks once
-        per machine and model: what it timed is kept for the next run)."""
+        verified greedily) between one-token passes timed alike (plain steps of the same
+        moment, so a busy minute moves both): the smallest sizes wanted whose sum is at
+        most half of the prompt, evaluated again if the cache held them already (the
+        planner asks once per machine and model: what it timed is kept for the next run)."""
         prompt = run.context[:-1]
         sizes = []
         for n in sorted(self.planner.timing_wanted()) if run.speculative else ():
-            if 2 * (sum(sizes) + n) > len(prompt):
+            if 2 * (sum(sizes) + n + len(sizes) + 2) > len(prompt):
                 break
             sizes.append(n)
+        if sizes:  # a plain step before each long pass, and one after the last
+            sizes = [m for n in sizes for m in (1, n)] + [1]
         end = len(prompt) - sum(sizes)
         done = min(common_prefix_length(self.target_cache.tokens, prompt), end)
         self.target_cache.rewind(done)

@@ -45,8 +45,12 @@ def trace(planner) -> None:
             offer = " ".join(f"{o:.2f}" for o in planner.tracker(name)._offers(4, 0.0))
             beliefs.append(f"{name[:12]}: k={in_step[0]} {in_step[1]:.3f}x in step, "
                            f"{owed[1]:.3f}x behind {behind}; alpha {alpha}; offer {offer}")
-        print(f"t={position[0]:4d} {(result.drafter or 'plain')[:12]:12s} "
+        step = planner.cost.step_seconds or 0.0
+        timed = result.target_seconds / step if step else 0.0  # this pass, in plain steps
+        print(f"t={position[0]:4d} {(result.drafter or 'plain')[:12]:12s} {result.bucket or '':8s} "
               f"drafted {result.num_drafted:2d} accepted {result.num_accepted:2d}  "
+              f"pass {timed:5.2f} v({result.target_tokens})={planner.cost.v(result.target_tokens):5.2f} "
+              f"[v 9/17/33/65: " + "/".join(f"{planner.cost.v(n):.1f}" for n in (9, 17, 33, 65)) + "]  "
               f"budget {planner.exploration:5.2f} stop {planner.stop_at:.2f}  " + " | ".join(beliefs))
         position[0] += result.num_committed
 
@@ -63,9 +67,11 @@ def main() -> None:
     parser.add_argument("--turn", type=int, default=1, help="which turn of a conversation to trace")
     parser.add_argument("--temp", type=float, default=0.0)
     parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--ctx", type=int, default=4096)
     args = parser.parse_args()
 
-    engine = edgespec.load(args.target, draft=None if args.draft == "none" else args.draft)
+    engine = edgespec.load(args.target, draft=None if args.draft == "none" else args.draft,
+                           n_ctx=args.ctx)
     planner = engine.planner  # auto mode from the cached costs, as chat builds it
     turns = load_conversations(args.prompts)[args.index][:args.turn]
     params = SamplingParams(temperature=args.temp, seed=0)

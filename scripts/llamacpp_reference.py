@@ -149,7 +149,7 @@ def speculative_simple(bin_dir: Path, target: Path, draft: Path | None, prompt: 
     of the :data:`NGRAM_MODES` by name, or the speculation options ``spec_args`` (no
     draft model; their own draft lengths)."""
     command = [str(bin_dir / "llama-speculative-simple"), "-m", str(target),
-               "-t", str(threads), "-c", str(n_ctx), "-p", prompt,
+               "-t", str(threads), "-c", str(n_ctx), "-b", str(n_ctx), "-p", prompt,
                "-n", str(max_tokens), "--temp", "0", "-ngl", str(n_gpu_layers)]
     if spec_args is not None:
         command += spec_args

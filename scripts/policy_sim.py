@@ -65,7 +65,7 @@ def record(args) -> None:
     from edgespec.prompt_sets import load_conversations, turn_messages
     from edgespec.prompting import chat_prompt_ids
 
-    options = BackendOptions()
+    options = BackendOptions(n_ctx=args.ctx)
     target = load_backend(args.target, options)
     draft = None if args.draft == "none" else load_backend(args.draft, options)
     # Every pass size auto mode may choose (up to its longest draft, 64), sampled at the
@@ -118,7 +118,24 @@ def record(args) -> None:
                     print(f"T={temperature:g} {set_name} #{index} turn {turn}: {len(out)} tokens, "
                           f"mean drafter acceptance {accept.mean():.2f}", flush=True)
     with open(args.out, "w") as f:
-        json.dump({"costs": cost.as_prior(), "traces": traces}, f)
+        json.dump({"costs": cost.as_prior(TIMED_SIZES), "traces": traces}, f)
+
+
+def time_costs(args) -> None:
+    """Time every pass size at each trace's own context (its prompt and the first half of
+    its reply cached), into the traces file: what its passes cost there."""
+    from edgespec.loading import BackendOptions, load_backend
+
+    data = json.load(open(args.traces))
+    target = load_backend(args.target, BackendOptions(n_ctx=args.ctx))
+    for trace in data["traces"]:
+        context = trace["prompt"] + trace["out"][:len(trace["out"]) // 2]
+        cost = calibrate(target, [], sizes=TIMED_SIZES, repeats=args.repeats, context=context)
+        trace["costs"] = cost.as_prior(TIMED_SIZES)
+        print(f"{trace['set']} #{trace['index']} turn {trace.get('turn', 1)}: context {len(context)}, "
+              + " ".join(f"v({n})={cost.v(n):.2f}" for n in (2, 4, 8, 16, 32, 64)), flush=True)
+    with open(args.traces, "w") as f:
+        json.dump(data, f)
 
 
 class TraceModel:
@@ -156,6 +173,8 @@ def replay(trace: dict, true: CostModel, *, config: PolicyConfig | None = None,
     if not state:
         state["lookup"] = SuffixDrafter() if uses_suffix else MapKRule() if drafter == MapKRule.name \
             else PromptLookup(max_ngram=8 if config else 4)
+        if VOCABULARY and hasattr(state["lookup"], "copies"):  # line structure, as attach() gives
+            state["lookup"].copies.set_vocabulary(VOCABULARY[0].token_bytes)
         state["model"] = TraceModel()
         state["planner"] = AdaptivePlanner(
             [state["lookup"], state["model"]] if with_model and trace.get("draft", True)
@@ -169,13 +188,14 @@ def replay(trace: dict, true: CostModel, *, config: PolicyConfig | None = None,
     def noisy(seconds: float) -> float:
         return seconds * math.exp(noise * clock.standard_normal() - noise * noise / 2) if noise else seconds
 
-    if planner:  # the engine times the long passes the planner wants in a long prompt
-        timed = 0
+    if planner:  # the engine times the long passes the planner wants in a long prompt,
+        sizes = []  # each between plain steps
         for size in sorted(planner.timing_wanted()):
-            if 2 * (timed + size) > len(prompt):
+            if 2 * (sum(sizes) + size + len(sizes) + 2) > len(prompt):
                 break
+            sizes.append(size)
+        for size in [m for n in sizes for m in (1, n)] + [1] if sizes else ():
             planner.observe_pass(size, noisy(true.v(size)))
-            timed += size
         planner.begin(prompt)
 
     def model_draft(limit: int, stop: float | None) -> tuple[Draft, int, float, float]:
@@ -253,10 +273,24 @@ def replay(trace: dict, true: CostModel, *, config: PolicyConfig | None = None,
     return n / spent
 
 
+VOCABULARY: list = []  # the target's tokenizer, for the copying drafters' line structure
+
+
 def simulate(args) -> None:
     data = json.load(open(args.traces))
+    if args.vocabulary != "none":
+        from edgespec.backends.gguf_tokenizer import GGUFTokenizer
+        from edgespec.models import resolve_model
+        VOCABULARY.append(GGUFTokenizer.from_file(resolve_model(args.vocabulary, fetch=False)))
     costs = json.load(open(args.costs)) if args.costs else data["costs"]
     true = CostModel(costs)
+    # Each trace's own costs where they were timed at its context (`costs`): a pass
+    # attends to everything cached, so long passes cost more after a long prompt.
+    own = {id(t): CostModel({**costs, "v": t["costs"]["v"]}) for t in data["traces"]
+           if "costs" in t and not args.costs}
+
+    def truth(trace: dict) -> CostModel:
+        return own.get(id(trace), true)
     # What a run starts from: the costs an earlier run on this machine saved (every size),
     # or with --first-run the calibration's sizes only; or --prior.
     prior = json.load(open(args.prior)) if args.prior else costs if not args.first_run else {
@@ -276,6 +310,8 @@ def simulate(args) -> None:
     settings["auto"] = dict(auto=True, cheap="lookup")
     settings["auto+suffix"] = dict(auto=True, cheap="suffix")
     settings["auto lookup only"] = dict(auto=True, cheap="lookup", with_model=False)
+    if args.only:
+        settings = {label: settings[label] for label in args.only.split(";")}
     groups = sorted({(t["set"], t["temp"]) for t in data["traces"]})
     # Conversations: a trace's turns in order (a single prompt is a one-turn conversation).
     conversations: dict[tuple, list[dict]] = {}
@@ -296,7 +332,7 @@ def simulate(args) -> None:
             per_seed = []
             for seed in range(repeats):
                 state: dict = {}
-                per_seed.append([replay(trace, true, rng=np.random.default_rng(seed),
+                per_seed.append([replay(trace, truth(trace), rng=np.random.default_rng(seed),
                                         config=config if setting.get("auto") else None, prior=prior,
                                         drafter=setting.get("drafter"), k=setting.get("k", 0),
                                         cheap=setting.get("cheap", "lookup"),
@@ -311,21 +347,25 @@ def simulate(args) -> None:
         print(label.ljust(18) + "".join(f"{c:16.3f}" for c in cells))
     longest = max(PolicyConfig().max_draft, config.max_draft)
     ceilings = [statistics.geometric_mean(
-        ceiling(copy_lengths(t["prompt"], t["out"], longest), true.v)
+        ceiling(copy_lengths(t["prompt"], t["out"], longest), truth(t).v)
         for t in data["traces"] if (t["set"], t["temp"]) == group) for group in groups]
     print(f"copy ceiling{longest}".ljust(18) + "".join(f"{c:16.3f}" for c in ceilings))
-    best = [max(table[label][i] for label in settings if "auto" not in label and "right" not in label)
-            for i in range(len(groups))]
-    for label in ("auto", "auto+suffix", "auto lookup only"):
+    fixed = [label for label in settings if "auto" not in label and "right" not in label]
+    best = [max(table[label][i] for label in fixed) for i in range(len(groups))] if fixed else []
+    autos = [label for label in ("auto", "auto+suffix", "auto lookup only") if label in table]
+    for label in autos if len(best) == len(groups) else ():
         print(f"{label}/best".ljust(18) + "".join(f"{a / b:16.3f}" for a, b in zip(table[label], best)))
-    for label in ("auto", "auto+suffix", "auto lookup only"):
+    for label in autos:
         print(f"{label}/ceiling".ljust(18) + "".join(f"{a / c:16.3f}" for a, c in zip(table[label], ceilings)))
     if args.verbose:
         for trace in data["traces"]:
             tally: dict = {}
-            speed = replay(trace, true, rng=np.random.default_rng(0), config=config, prior=prior,
+            speed = replay(trace, truth(trace), rng=np.random.default_rng(0), config=config, prior=prior,
                            tally=tally, noise=args.noise)
-            print(f"{trace['set']}/T={trace['temp']:g} #{trace['index']}: auto {speed:.3f}  {tally}")
+            bound = ceiling(copy_lengths(trace["prompt"], trace["out"], longest), truth(trace).v)
+            print(f"{trace['set']}/T={trace['temp']:g} #{trace['index']} turn {trace.get('turn', 1)}: "
+                  f"{len(trace['out'])} tokens, auto {speed:.3f}, ceiling {bound:.3f} "
+                  f"({speed / bound:.2f})  {tally}")
 
 
 def main() -> None:
@@ -339,8 +379,14 @@ def main() -> None:
     rec.add_argument("--prompts", default="0:3", help="FIRST:LAST prompt indices of each set")
     rec.add_argument("--temps", default="0,0.7")
     rec.add_argument("--max-tokens", type=int, default=128)
+    rec.add_argument("--ctx", type=int, default=4096)
     rec.add_argument("--out", default="traces.json")
     rec.add_argument("--repeats", type=int, default=3, help="timed passes of each size")
+    timing = sub.add_parser("costs", help="time the pass sizes at each trace's context (runs the target)")
+    timing.add_argument("traces")
+    timing.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
+    timing.add_argument("--ctx", type=int, default=8192)
+    timing.add_argument("--repeats", type=int, default=2, help="timed passes of each size")
     sim = sub.add_parser("simulate", help="replay auto mode and fixed settings on traces")
     sim.add_argument("traces")
     sim.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
@@ -350,13 +396,16 @@ def main() -> None:
     sim.add_argument("--prior", help="a cost file (ratios) to start the planner from, "
                      "instead of the true costs (e.g. a poisoned one)")
     sim.add_argument("--verbose", action="store_true", help="auto's rounds on each trace")
+    sim.add_argument("--only", default="", help="settings to run, separated by ; (default: all)")
+    sim.add_argument("--vocabulary", default="qwen2.5-coder-1.5b-instruct",
+                     help="the model whose tokenizer the traces use ('none': no line structure)")
     sim.add_argument("--first-run", action="store_true",
                      help="start from the calibration's pass sizes only (a first run on a machine)")
     sim.add_argument("--repeats", type=int, default=2, help="seeds per trace at T > 0 (or with --noise)")
     sim.add_argument("--noise", type=float, default=0.0,
                      help="spread of each pass's time (log-normal; 0.1 reproduces what real runs show)")
     args = parser.parse_args()
-    record(args) if args.command == "record" else simulate(args)
+    {"record": record, "simulate": simulate, "costs": time_costs}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -199,7 +199,9 @@ def test_the_long_passes_are_timed_once_per_machine_even_on_a_cached_prompt():
     engine.configure(None, "auto", first)
     stats = engine.generate(prompt, GREEDY, max_tokens=4).stats
     assert {16, 32, 64} <= set(first.cost.measured_sizes())
-    assert stats.prompt_eval_tokens == 16 + 32 + 64 + 1  # the tail again, and the last token
+    # The tail again (each long pass after a plain step, and one plain step after the
+    # last), and the last token.
+    assert stats.prompt_eval_tokens == (1 + 16) + (1 + 32) + (1 + 64) + 1 + 1
     saved = first.cost.as_prior()
     second = AdaptivePlanner([PromptLookup(max_ngram=8)], CostModel(saved), PolicyConfig())
     assert second.timing_wanted() == ()

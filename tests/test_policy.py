@@ -168,7 +168,8 @@ def test_exploration_is_paid_from_a_budget_that_bounds_what_it_loses():
     nearly every draft) loses no more than its exploration budget allows: explore_start
     plus explore_rate per token, in plain steps."""
     n, params, grows = 400, SamplingParams(temperature=1.0, seed=3, invariant=False), 0.6
-    hopeful = dict(optimism=5.0, priors={"lookup": 0.1}, continuation_lift=0.0)
+    # (Hopes on the planner's own rates: a copy's own chance to hold is not optimistic.)
+    hopeful = dict(optimism=5.0, priors={"lookup": 0.1}, continuation_lift=0.0, copy_holds=False)
 
     def steps_lost(config):
         clock = SimClock()

@@ -29,6 +29,9 @@ class Draft:
     # before sampling it), for planners that learn where drafting stops paying.
     confidence: list[float] | None = None
     scales: np.ndarray | None = None
+    # A copying drafter's own estimate, per token, of the chance that it is accepted if
+    # the ones before it were (where copies of this kind broke off in this text).
+    hold: list[float] | None = None
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -40,7 +43,8 @@ class Draft:
         probs = None if self.probs is None else self.probs[:num_draft]
         confidence = None if self.confidence is None else self.confidence[:num_draft]
         scales = None if self.scales is None else self.scales[:num_draft]
-        return Draft(self.token_ids[:num_draft], probs, self.bucket, confidence, scales)
+        hold = None if self.hold is None else self.hold[:num_draft]
+        return Draft(self.token_ids[:num_draft], probs, self.bucket, confidence, scales, hold)
 
 
 # What a drafter is, for a planner (Drafter.kind):

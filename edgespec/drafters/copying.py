@@ -23,13 +23,38 @@ remembers where copies broke off:
   was accepted last time from the same key. Unlike ngram-map-k's, this memory
   lets a copy that continues differently run on (a later turn copies the edited
   version, not the one that failed), and forgets a failure once the text goes
-  through that point after the same key.
+  through that point after the same key;
+- **picking up again**: after a copy breaks (an edit), the text usually goes on
+  copying the same source just past the break. A match there, however short, is
+  offered as the copy resumed (``Copy.resumed``) before a more recent occurrence
+  elsewhere;
+- **where copies break**: every token committed while a copy is followed says
+  whether it held; :class:`~edgespec.drafters.breaks.BreakModel` learns from them
+  where in the source copies break, and each copy offered carries, per token, the
+  chance that it holds (``Copy.hold``).
 """
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
+
+from .breaks import BreakModel, SourceLines
+
+RESUME_WINDOW = 256  # how far past a break a copy may pick up again
+RESUME_AFTER = 8     # a copy that held this long in this text is picked up after a break
+
+
+@dataclass
+class _Followed:
+    """The copy offered last, followed as the text is committed."""
+
+    source: int  # the position in the context of the next token it predicts
+    at: int      # the context's length when it was offered or last checked
+    key: tuple[int, ...]  # the context's last max_ngram tokens when it was offered
+    run: int     # how long it has held: its match when first offered, and every token since
+    held: int = 0  # the tokens committed that it predicted
 
 
 @dataclass(frozen=True)
@@ -40,28 +65,42 @@ class Copy:
     tokens: list[int]
     match: int
     source: int  # the position in the context of the first copied token
+    resumed: bool = False  # picks up the copy that broke last, just past where it broke
+    hold: tuple[float, ...] = ()  # per token: the chance it holds, if the ones before held
 
 
 class CopyIndex:
     """The n-gram index of a growing context, and the copies it offers."""
 
-    def __init__(self, *, min_ngram: int = 2, max_ngram: int = 8, max_match: int = 64):
+    def __init__(self, *, min_ngram: int = 2, max_ngram: int = 8, max_match: int = 64,
+                 token_bytes: Callable[[int], bytes] | None = None):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         if max_match < max_ngram:
             raise ValueError(f"need max_match >= max_ngram, got {max_match} < {max_ngram}")
         self.min_ngram, self.max_ngram, self.max_match = min_ngram, max_ngram, max_match
+        self.lines = SourceLines(token_bytes)
+        self.reset()
+
+    def set_vocabulary(self, token_bytes: Callable[[int], bytes]) -> None:
+        """Learn which ids end lines (the break model's line features), from the target's
+        vocabulary; the indexed context is read again."""
+        self.lines = SourceLines(token_bytes)
         self.reset()
 
     def reset(self) -> None:
         """Forget the indexed context and the memory."""
         self.tokens: list[int] = []
-        # _index[n][ngram] = e: tokens[e-n:e] == ngram and tokens[e] exists.
-        self._index: dict[int, dict[tuple[int, ...], int]] = {
+        # _index[n][ngram] = [e, ...]: every e (ascending) with tokens[e-n:e] == ngram and
+        # tokens[e] existing.
+        self._index: dict[int, dict[tuple[int, ...], list[int]]] = {
             n: {} for n in range(self.min_ngram, self.max_ngram + 1)}
         # key -> (tokens that held, the token that failed) of the last copy after it that failed
         self.failed: dict[tuple[int, ...], tuple[int, int]] = {}
-        self._last: tuple[int, int, tuple[int, ...]] | None = None  # (source, context length, key)
+        self._last: _Followed | None = None  # the copy offered last
+        self.resume_at: int | None = None  # the source position where the last copy broke
+        self.breaks = BreakModel()
+        self.lines.reset()
 
     def follow(self, context: Sequence[int]) -> None:
         """Index what is new in ``context`` (a different or edited context starts over),
@@ -72,31 +111,37 @@ class CopyIndex:
             known = 0
         tokens = self.tokens
         tokens.extend(int(t) for t in context[known:])
+        self.lines.extend(tokens, known)
         self._learn()
         # Index every n-gram that has a continuation, i.e. ends before the last token.
         for end in range(max(known, 1), len(tokens)):
             for n, table in self._index.items():
                 if end >= n:
-                    table[tuple(tokens[end - n:end])] = end
+                    table.setdefault(tuple(tokens[end - n:end]), []).append(end)
 
     def _learn(self) -> None:
         """Compare the tokens committed since the last copy was offered with its source:
         the first that differs is where that copy failed (remembered under its key); a
         failure the text now went through is forgotten; a copy still in step goes on."""
-        if self._last is None:
+        last = self._last
+        if last is None:
             return
-        source, at, key = self._last
         tokens = self.tokens
-        for i in range(at, len(tokens)):
-            position = source + i - at  # < i: the source lies before the text it predicts
-            if tokens[i] != tokens[position]:
-                self.failed[key] = (i - at, tokens[position])
+        for i in range(last.at, len(tokens)):
+            position = last.source + i - last.at  # < i: the source lies before the text it predicts
+            broke = tokens[i] != tokens[position]
+            self.breaks.observe(last.run + i - last.at, self._features(position, i), broke)
+            if broke:
+                self.failed[last.key] = (i - last.at, tokens[position])
+                if last.held + i - last.at >= RESUME_AFTER:  # a copy in progress broke, not a guess
+                    self.resume_at = position
                 self._last = None
                 return
-        held = len(tokens) - at
-        if key in self.failed and self.failed[key][0] < held:
-            del self.failed[key]
-        self._last = (source + held, len(tokens), self._key())
+        held = len(tokens) - last.at
+        if last.key in self.failed and self.failed[last.key][0] < held:
+            del self.failed[last.key]
+        last.source, last.at, last.key = last.source + held, len(tokens), self._key()
+        last.run, last.held = last.run + held, last.held + held
 
     def _key(self) -> tuple[int, ...]:
         return tuple(self.tokens[-self.max_ngram:])
@@ -115,34 +160,73 @@ class CopyIndex:
         token that failed the last time a copy after this key was offered, if it
         would draft that token there again; None if there is none.
 
-        Two candidates: the copy in progress, and the most recent occurrence of the
-        longest indexed suffix. A copy that would stop before its first token gives
-        way to the other."""
+        Three candidates: the copy in progress, the copy that broke last picked up
+        again (the nearest occurrence of the longest suffix just past where it broke),
+        and the most recent occurrence of the longest indexed suffix. The longest match
+        wins, the copy picked up again on a tie; a copy that would stop before its first
+        token gives way to the others."""
         tokens, length = self.tokens, len(self.tokens)
-        candidates = []
-        if self._last is not None and self._last[1] == length:
-            candidates.append(self._last[0])  # the copy in progress
+        candidates = []  # (source, resumed)
+        last = self._last if self._last is not None and self._last.at == length else None
+        if last is not None:
+            candidates.append((last.source, False))  # the copy in progress
+        resume = self._resume_source()
+        if resume is not None:
+            candidates.append((resume, True))
         for n in range(self.max_ngram, self.min_ngram - 1, -1):
             if length >= n:
-                end = self._index[n].get(tuple(tokens[length - n:]))
-                if end is not None:
-                    candidates.append(end)
+                ends = self._index[n].get(tuple(tokens[length - n:]))
+                if ends:
+                    candidates.append((ends[-1], False))
                     break
         key = self._key()
         failed = self.failed.get(key)
         best: Copy | None = None
-        for source in candidates:
+        for source, resumed in candidates:
             match = self.match_length(source)
             if match < self.min_ngram:
                 continue
             copied = tokens[source:min(source + num_draft, length)]
             if failed is not None and failed[0] < len(copied) and copied[failed[0]] == failed[1]:
                 copied = copied[:failed[0]]  # the same continuation failed there last time
-            copy = Copy(copied, match, source)
+            copy = Copy(copied, match, source, resumed)
             if best is None or (bool(copy.tokens), copy.match) > (bool(best.tokens), best.match):
                 best = copy
-        self._last = None if best is None else (best.source, length, key)
-        return best
+        if best is None:
+            self._last = None
+            return None
+        if last is None or last.source != best.source:  # (the copy in progress goes on counting)
+            last = _Followed(best.source, length, key, best.match)
+        last.key, last.run = key, max(last.run, best.match)
+        self._last = last
+        hold = tuple(1.0 - self.breaks.hazard(last.run + j, self._features(best.source + j, length + j))
+                     for j in range(len(best.tokens)))
+        return Copy(best.tokens, best.match, best.source, best.resumed, hold)
+
+    def _features(self, position: int, at: int) -> list:
+        """What the source holds at ``position``, copied to ``at`` (BreakModel features):
+        its line's structure, and how far back it lies (a copy of the last few lines is
+        more often a guess than one of a file far back)."""
+        distance = at - position
+        far = 0 if distance < 64 else 1 if distance < 512 else 2
+        return self.lines.features(self.tokens, position) + [("far", far)]
+
+    def _resume_source(self) -> int | None:
+        """Where the copy that broke last goes on, if the context's end matches the source
+        just past the break: the nearest such occurrence of the longest suffix (of at least
+        ``min_ngram`` tokens), within RESUME_WINDOW tokens after the break."""
+        if self.resume_at is None:
+            return None
+        tokens, length, start = self.tokens, len(self.tokens), self.resume_at
+        for n in range(self.max_ngram, self.min_ngram - 1, -1):
+            if length < n:
+                continue
+            ends = self._index[n].get(tuple(tokens[length - n:]))
+            if ends:
+                i = bisect.bisect_left(ends, start)
+                if i < len(ends) and ends[i] <= start + RESUME_WINDOW and ends[i] < length - n:
+                    return ends[i]
+        return None
 
 
 def match_bucket(match_length: int) -> str:
@@ -152,3 +236,9 @@ def match_bucket(match_length: int) -> str:
         if match_length >= floor:
             return f"match{floor}"
     return f"match{match_length}"
+
+
+def copy_bucket(copy: Copy) -> str:
+    """How a copy is classed for a planner: by its match (:func:`match_bucket`), and a
+    copy picked up again just past where it broke by that, unless its match is long."""
+    return "resume" if copy.resumed and copy.match < 16 else match_bucket(copy.match)

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..sampling import SamplingParams
 from .base import COPY, Draft
-from .copying import CopyIndex, match_bucket
+from .copying import CopyIndex, copy_bucket, match_bucket
 
 __all__ = ["PromptLookup", "match_bucket"]
 
@@ -52,10 +52,12 @@ class PromptLookup:
         copy = self.copies.find(num_draft)
         if copy is None or not copy.tokens:
             return Draft([])
-        return Draft(copy.tokens, None, match_bucket(copy.match))
+        return Draft(copy.tokens, None, copy_bucket(copy), hold=list(copy.hold))
 
     def attach(self, target) -> None:
-        """Prompt lookup drafts the target's own tokens: any target will do."""
+        """Prompt lookup drafts the target's own tokens: any target will do. Its
+        vocabulary tells which tokens end lines (where copies break is learned by line)."""
+        self.copies.set_vocabulary(target.token_bytes)
 
     def close(self) -> None:
         """Nothing to free."""

@@ -34,7 +34,7 @@ import numpy as np
 from ..cache import common_prefix_length
 from ..sampling import SamplingParams
 from .base import COPY, Draft
-from .copying import CopyIndex, match_bucket
+from .copying import CopyIndex, copy_bucket
 
 # A context that differs from the one indexed in more than this many tokens is a
 # new conversation: the old one goes to the memory instead of being un-indexed.
@@ -113,7 +113,9 @@ class SuffixDrafter:
     # -- the drafter protocol ---------------------------------------------------------
 
     def attach(self, target) -> None:
-        """It drafts the target's own tokens: any target will do."""
+        """It drafts the target's own tokens: any target will do. Its vocabulary tells
+        which tokens end lines (where copies break is learned by line)."""
+        self.copies.set_vocabulary(target.token_bytes)
 
     def prefill(self, context: Sequence[int]) -> int:
         """Index what is new in ``context``; no model runs, so nothing is evaluated."""
@@ -129,8 +131,8 @@ class SuffixDrafter:
         tokens = self._live[-self.counts.max_ngram:]
         found = self.counts.continuation(tokens, self.min_ngram)
         copy = self.copies.find(num_draft)
-        if copy is not None and copy.tokens and copy.match >= self.counts.max_ngram:
-            return Draft(copy.tokens, None, match_bucket(copy.match))
+        if copy is not None and copy.tokens and (copy.match >= self.counts.max_ngram or copy.resumed):
+            return Draft(copy.tokens, None, copy_bucket(copy), hold=list(copy.hold))
         draft, confidence, first_n = [], 1.0, 0
         while len(draft) < num_draft and found is not None:
             token, frequency, n = found

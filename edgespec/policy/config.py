@@ -30,16 +30,21 @@ class PolicyConfig:
     # α before evidence, by drafter and kind of draft. A copy (prompt lookup, and the
     # suffix drafter where the context holds the longest match) is classed by how far
     # back its match reaches: 2 tokens is often a coincidence, 16 or more a copy in
-    # progress. The suffix drafter's other drafts are classed by their empirical
-    # probability and first match (edgespec.drafters.suffix.confidence_bucket).
+    # progress; a copy picked up again just past where it broke off (an edit), however
+    # short its match, is likely one too. The suffix drafter's other drafts are classed
+    # by their empirical probability and first match (edgespec.drafters.suffix.confidence_bucket).
     priors: dict[str, float] = field(default_factory=lambda: {
         **{f"{name}:{bucket}": alpha for name in ("lookup", "suffix") for bucket, alpha in (
             ("match2", 0.3), ("match3", 0.4), ("match4", 0.6), ("match8", 0.8),
-            ("match16", 0.85), ("match32", 0.9))},
+            ("match16", 0.85), ("match32", 0.9), ("resume", 0.7))},
         "lookup": 0.5,
         "suffix": 0.5, "suffix:maybe": 0.3, "suffix:maybe-long": 0.4, "suffix:likely": 0.4,
         "suffix:likely-long": 0.5, "suffix:sure": 0.6, "suffix:sure-long": 0.8})
     copy_prior: float = 0.5       # α of a copying drafter with no prior of its own above
+    # Believe a copying drafter's own chance, per token, that its copy holds (Draft.hold:
+    # learned from where copies broke in this text) for a draft's later positions, rather
+    # than one rate learned from verified drafts alone.
+    copy_holds: bool = True
     # A draft that continues a copy is accepted whole or cut at one point: the α of the
     # later positions, given the ones before were accepted (one rate, shared), starts
     # from the first position's α lifted by this share of its distance to 1.

@@ -191,15 +191,20 @@ class AcceptanceTracker:
         return total
 
     def expected_speeds(self, k_max: int, c: float, v, overhead: float = 0.0,
-                        optimism: float = 0.0) -> list[float]:
+                        optimism: float = 0.0, hold: Sequence[float] | None = None) -> list[float]:
         """Committed tokens per plain step of a round of up to k drafts, for k = 1..k_max.
 
         The drafter runs while it offers tokens (c per step, the first always);
         the target verifies what was offered, v(1 + n) (a plain step when n = 0).
         ``overhead``: a catch-up the round pays first, in plain steps; ``optimism``
-        as for :meth:`Rates.estimates`.
+        as for :meth:`Rates.estimates`. ``hold``: the drafter's own chance, per draft
+        position, that a token holds if the ones before did (a copy, from where copies
+        broke in this text); it stands for the later positions, and caps the first,
+        whose rate says whether such a copy starts at all.
         """
         accepts, offers = self._accept(k_max, optimism), self._offers(k_max, optimism)
+        if hold:
+            accepts = [min(accepts[0], hold[0]), *hold[1:k_max]]
         speeds = []
         tokens, reach = 1.0, 1.0     # E(k) so far; P(positions 0..k-1 all accepted)
         spent, through = overhead + c, 1.0  # cost of the rounds that stopped before k; P(offered 0..k-1)

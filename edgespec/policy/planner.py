@@ -151,7 +151,8 @@ class AdaptivePlanner:
         if draft.bucket is None:
             return replace(proposal, num_draft=len(draft))
         key = f"{name}:{draft.bucket}"  # decide now that the kind of draft is known
-        keep, probe, retry = self._decide(key, name, len(draft))
+        keep, probe, retry = self._decide(key, name, len(draft),
+                                          draft.hold if self.config.copy_holds else None)
         if not keep or (self.config.compare_drafters and self._better_later(self.best_k(key, name, keep)[1])):
             return None
         return Proposal(proposal.drafter, keep, probe, retry=retry)
@@ -222,8 +223,10 @@ class AdaptivePlanner:
     # -- decisions --------------------------------------------------------------------------
 
     def best_k(self, key: str, cost_name: str, limit: int, *, behind: int = 0,
-               optimism: float = 0.0) -> tuple[int, float]:
-        """The k (1..limit) with the highest expected speed, and that speed."""
+               optimism: float = 0.0, hold: Sequence[float] | None = None) -> tuple[int, float]:
+        """The k (1..limit) with the highest expected speed, and that speed. ``hold``: a
+        copying drafter's own chance, per token of its draft, that it holds (then
+        the tracker's rate stands for whether the copy starts at all)."""
         tracker, c = self.tracker(key), self.cost.c(cost_name)
         # A draft model that sat out rounds first catches up on them (batched).
         # It pays that once to draft for the rounds after it too: spread it over them.
@@ -232,7 +235,7 @@ class AdaptivePlanner:
         if k_max < 1:
             return 0, 1.0
         v = [0.0] + [self.cost.v(n) for n in range(1, k_max + 2)]
-        speeds = tracker.expected_speeds(k_max, c, v.__getitem__, overhead, optimism)
+        speeds = tracker.expected_speeds(k_max, c, v.__getitem__, overhead, optimism, hold)
         k = max(range(k_max), key=speeds.__getitem__) + 1  # the first best, as np.argmax (cheaper on a list)
         return k, speeds[k - 1]
 
@@ -245,11 +248,13 @@ class AdaptivePlanner:
                     return True
         return False
 
-    def _decide(self, key: str, name: str, limit: int) -> tuple[int, bool, bool]:
-        """How far drafter ``name`` should draft (tracked under ``key``), whether that
-        is a probe, and whether a retry; (0, False, False) for not at all."""
+    def _decide(self, key: str, name: str, limit: int,
+                hold: Sequence[float] | None = None) -> tuple[int, bool, bool]:
+        """How far drafter ``name`` should draft (tracked under ``key``; ``hold`` as for
+        :meth:`best_k`), whether that is a probe, and whether a retry; (0, False, False)
+        for not at all."""
         cfg, state = self.config, self._state[name]
-        k, speed = self.best_k(key, name, limit, behind=state.behind)
+        k, speed = self.best_k(key, name, limit, behind=state.behind, hold=hold)
         if speed >= cfg.min_gain:
             return k, False, False
         if self.budget.balance > 0:  # tries are paid from the exploration budget
@@ -257,7 +262,7 @@ class AdaptivePlanner:
             # after sitting out (which grows with every token it misses) is not part of it,
             # or a model that pays in step would stay locked out; it is what the probe risks
             # instead (_affordable), so the budget bounds it.
-            k, hope = self.best_k(key, name, limit, optimism=cfg.optimism)
+            k, hope = self.best_k(key, name, limit, optimism=cfg.optimism, hold=hold)
             probe = self._affordable(name, k, state.behind) if hope >= cfg.probe_gain else 0
             if probe:
                 return probe, True, False
