@@ -33,8 +33,9 @@ def auto_planner(target: Backend | CachedModel, drafter: Drafter | None,
     if config is None:
         chosen = drafter.min_confidence if models else 0.0
         config = PolicyConfig(draft_p_min=chosen, learn_stop=False) if chosen else PolicyConfig()
-    return AdaptivePlanner(auto_drafters(drafter, PromptLookup(max_ngram=8)),
-                           CostModel(prior_for(target, models)), config)
+    lookup = PromptLookup()
+    lookup.attach(target.backend if isinstance(target, CachedModel) else target)
+    return AdaptivePlanner(auto_drafters(drafter, lookup), CostModel(prior_for(target, models)), config)
 
 
 def costs_path(target: Backend | CachedModel, drafter: Drafter | None) -> Path:

@@ -140,7 +140,7 @@ def run_bench(config: BenchConfig, options: BackendOptions, *, progress=None, lo
     # Auto mode runs with the first draft model listed and a drafter that costs nothing
     # to ask: the suffix drafter when it is listed, else prompt lookup.
     auto_drafter = model_drafters[0] if model_drafters else None
-    auto_cheap = drafters.get("suffix") or PromptLookup(max_ngram=8)
+    auto_cheap = drafters.get("suffix") or PromptLookup()
     total = (config.repeat * len(config.temperatures) * len(config.sampling)
              * sum(len(c) for p in prompts.values() for c in p) * (2 + len(fixed) + config.auto))
     runs: list[RunRecord] = []

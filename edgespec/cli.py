@@ -23,12 +23,16 @@ def cmd_generate(args) -> int:
     params = sampling_params(args)
     if args.max_tokens < 1:
         raise EdgespecError(f"invalid --max-tokens {args.max_tokens}: must be >= 1")
+    if args.messages is not None and (args.raw or args.system):
+        raise EdgespecError("--messages holds the whole conversation: leave out --raw and --system")
+    messages = read_messages(args.messages) if args.messages is not None else \
+        [{"role": "system", "content": args.system}] if args.system else []
     engine = build_engine(args)
     if args.raw:
         prompt_ids = raw_prompt_ids(engine.target, args.prompt)
     else:
-        messages = [{"role": "system", "content": args.system}] if args.system else []
-        messages.append({"role": "user", "content": args.prompt})
+        if args.prompt is not None:
+            messages.append({"role": "user", "content": args.prompt})
         prompt_ids = chat_prompt_ids(engine.target, messages)
     texts, token_ids, from_draft = [], [], []
     final = None
@@ -52,6 +56,20 @@ def cmd_generate(args) -> int:
               f"{s.mean_accepted_length:.2f}, finish {final.finish_reason}]", file=sys.stderr)
     engine.close()
     return 0
+
+
+def read_messages(path: Path) -> list[dict]:
+    """A JSON file's list of chat messages, each with a role and text content."""
+    try:
+        messages = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise EdgespecError(f"cannot read --messages {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise EdgespecError(f"--messages {path} is not valid JSON ({exc}): give a list of "
+                            f'{{"role": ..., "content": ...}} objects') from None
+    from .prompting import check_messages
+    check_messages(messages)
+    return messages
 
 
 # -- pair ----------------------------------------------------------------------------
@@ -236,7 +254,11 @@ def make_parser() -> argparse.ArgumentParser:
 
     p = commands.add_parser("generate", help="generate one reply")
     add_model_options(p)
-    p.add_argument("-p", "--prompt", required=True)
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("-p", "--prompt")
+    source.add_argument("--messages", type=Path, metavar="FILE",
+                        help="a JSON list of chat messages (role, content) to reply to, as a "
+                             "client sends them")
     p.add_argument("--system", default=None, help="system message (chat-templated prompts)")
     p.add_argument("--raw", action="store_true", help="send the prompt as is, no chat template")
     p.add_argument("-n", "--max-tokens", type=int, default=256)

@@ -86,7 +86,7 @@ def main() -> None:
                   f"{tps / plain / predicted:>15.3f}{stats.acceptance_rate:>12.2f}")
         runs = []
         for _ in range(args.repeats):  # a fresh planner each run, as a new process would have
-            planner = AdaptivePlanner(auto_drafters(drafter, PromptLookup(max_ngram=8)),
+            planner = AdaptivePlanner(auto_drafters(drafter, PromptLookup()),
                                       CostModel(prior), config)
             engine.configure(drafter, "auto", planner)
             runs.append(speed())

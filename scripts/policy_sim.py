@@ -172,7 +172,7 @@ def replay(trace: dict, true: CostModel, *, config: PolicyConfig | None = None,
     state = {} if state is None else state
     if not state:
         state["lookup"] = SuffixDrafter() if uses_suffix else MapKRule() if drafter == MapKRule.name \
-            else PromptLookup(max_ngram=8 if config else 4)
+            else PromptLookup()
         if VOCABULARY and hasattr(state["lookup"], "copies"):  # line structure, as attach() gives
             state["lookup"].copies.set_vocabulary(VOCABULARY[0].token_bytes)
         state["model"] = TraceModel()

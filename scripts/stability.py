@@ -10,6 +10,9 @@ plain runs around it (identical work: this machine's noise), and which auto runs
 made the same decisions as run 1 (rounds, plain steps, drafted, accepted).
 
     python scripts/stability.py --runs 10 --json bench-out/stability.json
+    python scripts/stability.py --draft none --prompts client-val:0 --runs 6 --max-tokens 4096 --ctx 8192
+
+A request set's entry (``client-val:0``) is sent as the client sent it (``--messages``).
 """
 
 from __future__ import annotations
@@ -24,12 +27,13 @@ import tempfile
 from pathlib import Path
 
 from edgespec.models import edgespec_home
-from edgespec.prompt_sets import load_prompt_set
+from edgespec.prompt_sets import REQUEST_SETS, load_conversations, load_prompt_set
 
 
-def generate(prompt: str, home: Path, args, *extra: str) -> dict:
+def generate(prompt: list[str], home: Path, args, *extra: str) -> dict:
     command = [sys.executable, "-m", "edgespec", "generate", "-m", args.target, "-d", args.draft,
-               "-p", prompt, "--temp", "0", "--max-tokens", str(args.max_tokens), "--json", *extra]
+               *prompt, "--temp", "0", "--max-tokens", str(args.max_tokens), "--ctx", str(args.ctx),
+               "--json", *extra]
     out = subprocess.run(command, capture_output=True, text=True,
                          env={**os.environ, "EDGESPEC_HOME": str(home)})
     if out.returncode != 0:
@@ -53,6 +57,7 @@ def main() -> None:
                         help="SET:INDEX,... (default: one code-editing and one chat prompt)")
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--ctx", type=int, default=4096)
     parser.add_argument("--json")
     args = parser.parse_args()
     results = {}
@@ -61,7 +66,12 @@ def main() -> None:
         (home / "models").symlink_to(edgespec_home() / "models")  # the weights, not the costs
         for spec in args.prompts.split(","):
             set_name, index = spec.split(":")
-            prompt = load_prompt_set(set_name)[int(index)]
+            if set_name in REQUEST_SETS:  # a captured request: its messages as the client sent them
+                path = home / f"{set_name}-{index}.json"
+                path.write_text(json.dumps(load_conversations(set_name)[int(index)][0]))
+                prompt = ["--messages", str(path)]
+            else:
+                prompt = ["-p", load_prompt_set(set_name)[int(index)]]
             # plain, auto, plain, auto, ..., plain: each auto run is compared with the
             # plain runs on either side of it, so that a machine drifting over minutes
             # is not read as auto mode's doing.

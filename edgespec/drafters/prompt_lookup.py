@@ -36,7 +36,7 @@ class PromptLookup:
     name = "lookup"
     kind = COPY
 
-    def __init__(self, *, min_ngram: int = 2, max_ngram: int = 4, max_match: int = 64):
+    def __init__(self, *, min_ngram: int = 2, max_ngram: int = 8, max_match: int = 64):
         self.copies = CopyIndex(min_ngram=min_ngram, max_ngram=max_ngram,
                                 max_match=max(max_match, max_ngram))
         self.min_ngram, self.max_ngram = min_ngram, max_ngram
