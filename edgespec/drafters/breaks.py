@@ -15,8 +15,10 @@ committed while a copy was followed says whether the copy held there):
   with its line's first word; a line's first word with the word the line before began
   with) that broke copies going through it stands for itself: two ``def`` lines that
   broke make the third likely to. A token's own features (it; it and the token before)
-  scale the chance by the breaks seen there over the breaks the copies' lengths
-  predicted there, as a name being renamed does wherever it occurs.
+  raise the chance by the breaks seen there over the breaks the copies' lengths
+  predicted there, as a name being renamed does wherever it occurs; a feature that held
+  lowers nothing (how long the copy has held says that already, and in text that
+  repeats common tokens a copy that merely looks familiar would seem safe).
 
 :class:`BreakModel` holds both; :class:`SourceLines` gives the features of a position.
 """
@@ -59,7 +61,7 @@ class BreakModel:
         A line feature (:data:`LINE_FEATURES`: the kind of line a token is on) that broke
         copies where they went through it stands for itself: its rate of breaks, with the
         run's chance as a prior worth one token, so two ``def`` lines that broke make the
-        third likely to. A token's own features scale the run's chance by the breaks seen
+        third likely to. A token's own features raise the run's chance by the breaks seen
         at them over the breaks the runs there predicted (each with one break expected
         more, and seen), as a name being renamed does wherever it occurs."""
         run_chance = chance = self.run_hazard(run)
@@ -72,7 +74,7 @@ class BreakModel:
             if isinstance(feature, tuple) and feature[0] in LINE_FEATURES:
                 line_chance = max(line_chance, (breaks + run_chance) / (seen + 1.0))
             else:
-                chance *= (breaks + 1.0) / (expected + 1.0)
+                chance *= max(1.0, (breaks + 1.0) / (expected + 1.0))
         return min(max(chance, line_chance), self.most)
 
     def observe(self, run: int, features: Sequence[Hashable], broke: bool) -> None:
