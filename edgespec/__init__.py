@@ -8,9 +8,8 @@ from .errors import EdgespecError
 from .sampling import SamplingParams, logits_to_probs
 from .session import ChatSession
 from .stats import GenerationStats
-from .planner import FixedPlanner, Planner, Proposal, RoundResult
-from .policy import AdaptivePlanner, PolicyConfig
-from .verify import Verdict, greedy_verify, rejection_sample
+from .planning import AdaptivePlanner, FixedPlanner, Planner, PolicyConfig, Proposal, RoundResult
+from .acceptance import Verdict, greedy_verify, rejection_sample
 
 __version__ = "0.1.0"
 

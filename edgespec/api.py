@@ -8,7 +8,7 @@ from typing import Sequence
 
 from .engine import Engine
 from .errors import EdgespecError
-from .loading import BackendOptions, load_backend, load_drafter
+from .models.loading import BackendOptions, load_backend, load_drafter
 
 
 def load(model: str | os.PathLike, draft: str | os.PathLike | None = None, backend: str = "auto", *,

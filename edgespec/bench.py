@@ -17,17 +17,18 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from .calibration import calibrate
-from .costs import CALIBRATION_SIZES, LONG_SIZES, CostModel
+from .costs import CALIBRATION_SIZES, LONG_SIZES
 from .drafters import DraftModel, PromptLookup
 from .drafters.base import MODEL
 from .engine import Engine
 from .errors import EdgespecError
-from .loading import BUILTIN_DRAFTERS, BackendOptions, load_backend
-from .model_args import pick_backend
-from .models import resolve_model
+from .drafters.registry import BUILTIN, make_drafter
+from .models.loading import BackendOptions, load_backend
+from .models.arguments import pick_backend
+from .models.catalog import resolve_model
 from .prompt_sets import Turn, load_conversations, turn_messages
 from .prompting import chat_prompt_ids
-from .policy import AdaptivePlanner, PolicyConfig, auto_drafters
+from .planning.auto import auto_planner
 from .sampling import SamplingParams
 
 SCHEMA_VERSION = 1
@@ -100,7 +101,7 @@ def validate(config: BenchConfig, options: BackendOptions) -> dict[str, list[lis
         target = GGUFTokenizer.from_file(resolve_model(config.target, fetch=options.fetch))
         target.name = config.target
         for spec in config.drafters:
-            if spec in BUILTIN_DRAFTERS:
+            if spec in BUILTIN:
                 continue
             if pick_backend(spec, options.backend) != "llama.cpp":
                 continue  # MLX drafters are checked when the engine pairs them
@@ -120,8 +121,8 @@ def run_bench(config: BenchConfig, options: BackendOptions, *, progress=None, lo
     target = load_backend(config.target, options)
     drafters, memory = {}, {}  # by display name: a model name, or a file's stem
     for spec in config.drafters:
-        if spec in BUILTIN_DRAFTERS:
-            drafters[spec], memory[spec] = BUILTIN_DRAFTERS[spec](), 0
+        if spec in BUILTIN:
+            drafters[spec], memory[spec] = make_drafter(spec), 0
         else:
             backend = load_backend(spec, replace(options, rpc=()))  # draft models stay here
             drafters[backend.name] = DraftModel(backend)
@@ -207,14 +208,12 @@ def _run_conversation(engine: Engine, target, mode: str, drafter, k: int, prior:
     ``drafter``), with the conversation, the KV cache and the drafters' state
     carried from turn to turn as in ``edgespec chat``."""
     for d in (drafter, cheap) if mode == "auto" else (drafter,):
-        if hasattr(d, "forget"):
+        if d is not None:
             d.forget()  # each conversation starts with an empty drafter memory
     if mode == "auto":
         # A fresh planner per conversation (a new process's first generation), starting
         # from the costs measured at the start of the sweep.
-        policy = PolicyConfig()
-        planner = AdaptivePlanner(auto_drafters(drafter, cheap), CostModel(prior), policy)
-        engine.configure(drafter, "auto", planner)
+        engine.configure(drafter, "auto", auto_planner(target, drafter, prior=prior, cheap=cheap))
     elif mode == "fixed":
         engine.configure(drafter, k)  # no stop: auto mode gives its learned one back
     messages = []

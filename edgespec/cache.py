@@ -40,6 +40,17 @@ class CachedModel:
         self.tokens.extend(int(t) for t in token_ids)
         return logits
 
+    @property
+    def on_device(self) -> bool:
+        """Whether the backend's logits can stay on its device (MLX): then passes for
+        its own ``verify``, and a draft model's drafting, keep them there."""
+        return bool(getattr(self.backend, "device_logits", False))
+
+    def verify_pass(self, token_ids: Sequence[int]):
+        """Evaluate ``token_ids`` (a pending token and drafts) for the backend's own
+        ``verify``: their logits, left on the device where the backend keeps them there."""
+        return self.forward(token_ids, on_device=self.on_device)
+
     def rewind(self, n_past: int) -> None:
         """Keep only the first ``n_past`` cached tokens.
 

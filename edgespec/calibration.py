@@ -20,6 +20,7 @@ from typing import Callable, Sequence
 from .backends.base import Backend
 from .cache import CachedModel
 from .costs import CALIBRATION_REPEATS, CALIBRATION_SIZES, CostModel
+from .sampling import SamplingParams, Scratch
 
 Model = Backend | CachedModel  # what is timed: a backend, or the cache a generation uses
 
@@ -78,15 +79,51 @@ def calibrate(target: Model, drafts: Sequence[tuple[str, Model]], *,
     return cost
 
 
+class PassTimer:
+    """Times target passes as a round's pass runs (every row's logits, verified
+    greedily as if all but the first had been drafted), for a planner that wants the
+    cost of pass sizes it has not measured: on a long prompt's last tokens, while the
+    engine evaluates them anyway."""
+
+    def __init__(self, cache: CachedModel, clock: Callable[[], float] = time.perf_counter,
+                 scratch: Scratch | None = None):
+        self.cache, self.clock, self.scratch = cache, clock, scratch
+
+    @staticmethod
+    def sizes(wanted: Sequence[int], prompt_length: int) -> list[int]:
+        """The passes to time on the last tokens of a prompt of ``prompt_length``: the
+        smallest sizes ``wanted`` that fit in half of it, each after a one-token pass
+        timed alike, and one more after the last (plain steps of the same moment, so a
+        busy minute moves both sides of the ratio)."""
+        sizes: list[int] = []
+        for n in sorted(wanted):
+            if 2 * (sum(sizes) + n + len(sizes) + 2) > prompt_length:
+                break
+            sizes.append(n)
+        return [m for n in sizes for m in (1, n)] + [1] if sizes else []
+
+    def time(self, tokens: Sequence[int]) -> float:
+        """Seconds for a pass over ``tokens`` and the verification of its rows."""
+        start = self.clock()
+        logits = self.cache.verify_pass(tokens)
+        self.cache.backend.verify(logits, tokens[1:], None, _GREEDY, None, confidence=False,
+                                  scratch=self.scratch)
+        return self.clock() - start
+
+
+_GREEDY = SamplingParams(temperature=0)
+
+
 def calibration_key(target: Backend, draft: Backend | None) -> str:
-    """Identifies a model pair on this machine, for the calibration cache."""
+    """Identifies a model pair on this machine, for the calibration cache: the models
+    by their content (as a saved profile is keyed), and how each runs here."""
+    from .models.catalog import model_fingerprint
     parts = [platform.node(), platform.machine(), platform.processor()]
     for backend in (target, draft):
         if backend is None:
             continue
         path = getattr(backend, "path", None)
-        size = os.path.getsize(path) if path and os.path.exists(path) else 0
-        parts += [type(backend).__name__, str(path or backend.name), str(size),
+        parts += [type(backend).__name__, model_fingerprint(str(path or backend.name)),
                   str(getattr(backend, "n_threads", "")), str(getattr(backend, "n_gpu_layers", ""))]
         if getattr(backend, "rpc", ()):  # its layers on other machines: other costs
             parts.append("rpc=" + ",".join(backend.rpc))
@@ -95,7 +132,7 @@ def calibration_key(target: Backend, draft: Backend | None) -> str:
 
 def calibration_path(target: Backend, draft: Backend | None) -> Path:
     """Where the costs of this pair on this machine are cached."""
-    from .models import edgespec_home
+    from .models.catalog import edgespec_home
     # v3: only the sizes a run times on purpose are kept, each sample as a ratio to the
     # plain steps of its moment (v2 files could hold a 63-token pass timed once).
     return edgespec_home() / "calibration" / f"v3-{calibration_key(target, draft)}.json"

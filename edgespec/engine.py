@@ -13,8 +13,8 @@ engine restores it in ``finally`` blocks, so an abandoned or cancelled
 generation leaves both caches consistent.
 
 Which drafter drafts and how far is the planner's business
-(:mod:`edgespec.planner`): a fixed drafter and k, or auto mode
-(:class:`~edgespec.policy.AdaptivePlanner`). The engine times each proposal
+(:mod:`edgespec.planning`): a fixed drafter and k, or auto mode
+(:class:`~edgespec.planning.AdaptivePlanner`). The engine times each proposal
 and each target pass and tells the planner what happened; it never asks what
 kind of drafter it holds. A plain step is a round with an empty draft.
 """
@@ -24,43 +24,26 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from .auto import auto_planner, save_costs
+from .acceptance import runnable_drafts
 from .backends.base import Backend
 from .cache import CachedModel, common_prefix_length
+from .calibration import PassTimer
 from .coupling import Coupling
-from .detokenize import IncrementalDetokenizer, StopMatcher
 from .drafters.base import Draft, Drafter
 from .errors import EdgespecError
-from .generation import Chunk, Generation, collect, sampling_from
-from .planner import DraftReport, FixedPlanner, Planner, Proposal, RoundResult
+from .generation import Chunk, Generation, Run, collect, sampling_from, stream_text
+from .planning import DraftReport, FixedPlanner, Planner, Proposal, RoundResult
+from .planning.auto import auto_planner
 from .prompting import chat_prompt_ids, prompt_ids
 from .sampling import SamplingParams, Scratch, make_rng
 from .stats import GenerationStats
-from .verify import runnable_drafts, verify_round
 
 # Prompt tokens evaluated between two looks at a cancel (llama.cpp's default batch).
 PREFILL_CHUNK = 512
-
-
-@dataclass(eq=False)
-class _Run:
-    """The state of one generation, shared by the token loop and its caller."""
-
-    context: list[int]
-    params: SamplingParams
-    rng: np.random.Generator | Coupling  # (a Coupling: seed-invariant sampling)
-    max_tokens: int
-    speculative: bool
-    stats: GenerationStats
-    n_ctx: int  # the context it may fill (Engine.n_ctx)
-    finish_reason: str | None = None
-    # Set by Engine.cancel() any time after the call that made this run returned.
-    cancelled: threading.Event = field(default_factory=threading.Event)
 
 
 class Engine:
@@ -80,19 +63,18 @@ class Engine:
         self.target = target
         self._clock = clock  # what times passes (tests give toy models a simulated one)
         self.target_cache = CachedModel(target)
-        # A backend whose logits stay on its device (MLX) verifies there (Backend.verify).
-        self._on_device = bool(getattr(target, "device_logits", False))
         self._scratch = Scratch()  # the target's rows on the host, reused every round
+        self._timer = PassTimer(self.target_cache, clock, self._scratch)  # for the planner's long passes
         self._busy = threading.Lock()  # held by the one generation running
         # Held while engine code touches the models, never across a yield: close()
         # takes it to wait for a pass in flight, so it never frees a model in use.
         self._models = threading.Lock()
         self._closed = False
-        self._runs: weakref.WeakSet[_Run] = weakref.WeakSet()  # made and not finished
+        self._runs: weakref.WeakSet[Run] = weakref.WeakSet()  # made and not finished
         self._runs_lock = threading.Lock()
         self.planner: Planner | None = None
         self._auto: tuple[Planner | None, Drafter | None] = (None, None)  # the last auto planner
-        self._built: list[tuple[Planner, Drafter | None]] = []  # auto planners built here: costs to keep
+        self._built: list[Planner] = []  # auto planners built here (closing one keeps its costs)
         self.configure(drafter, num_draft, planner)
 
     # -- public API -----------------------------------------------------------------
@@ -105,8 +87,6 @@ class Engine:
         starts afresh only when the drafter or the mode changes.
         """
         self._check_open()
-        if num_draft != "auto" and not (isinstance(num_draft, int) and num_draft >= 1):
-            raise ValueError(f"invalid num_draft={num_draft!r}: must be an integer >= 1 or 'auto'")
         if drafter is not None:
             drafter.attach(self.target)
         if num_draft == "auto":
@@ -115,11 +95,11 @@ class Engine:
                 if kept is not None and kept_for is drafter:
                     planner = kept
                 else:  # from this pair's cached costs (a short calibration the first time,
-                    #      through the caches generation uses), saved again at close()
+                    #      through the caches generation uses), kept again when closed
                     planner = auto_planner(self.target_cache, drafter)
-                    self._built.append((planner, drafter))
+                    self._built.append(planner)
             self._auto = (planner, drafter)
-        self.planner = planner or FixedPlanner(drafter, num_draft)
+        self.planner = planner or FixedPlanner(drafter, num_draft)  # (which checks num_draft)
         self.drafter = drafter
         self.num_draft = num_draft
 
@@ -176,18 +156,19 @@ class Engine:
         speculative = speculative and bool(self.active_drafters())
         stats = GenerationStats(drafter=self.drafter_name if speculative else "none",
                                 prompt_tokens=len(prompt_ids))
-        run = _Run(list(prompt_ids), params, rng or make_rng(params), max_tokens, speculative, stats,
+        run = Run(list(prompt_ids), params, rng or make_rng(params), max_tokens, speculative, stats,
                    n_ctx, cancelled=cancel or threading.Event())
         with self._runs_lock:
             self._runs.add(run)
         return self._generation(run, stop)
 
-    def _generation(self, run: _Run, stop: Sequence[str]) -> Iterator[Chunk]:
+    def _generation(self, run: Run, stop: Sequence[str]) -> Iterator[Chunk]:
         if not self._busy.acquire(blocking=False):
             raise EdgespecError("this engine is already generating: wait for the running "
                                 "generation to finish or cancel it first")
         try:
-            yield from self._stream_text(run, stop)
+            yield from stream_text(run, self._decode(run), self.target.token_bytes, stop, self._models,
+                                   lambda: self._closed)
         finally:
             with self._runs_lock:
                 self._runs.discard(run)
@@ -221,16 +202,15 @@ class Engine:
         flight, and free the models. Every later call raises; closing twice is fine.
 
         In auto mode the costs measured while running become the next run's prior
-        (also those of an auto planner switched away from).
+        (also those of an auto planner switched away from): each planner keeps its own.
         """
         if self._closed:
             return
         self._closed = True  # from here on nothing new starts
         self.cancel()
         with self._models:  # a pass in flight ends first; then no run touches a model again
-            for planner, drafter in self._built:
-                save_costs(planner, self.target, drafter)
-            self.planner.close()
+            for planner in {id(p): p for p in [*self._built, self.planner]}.values():
+                planner.close()
             self.target.close()
             for drafter in self.active_drafters():
                 drafter.close()
@@ -252,37 +232,9 @@ class Engine:
         if self._closed:
             raise EdgespecError("this engine is closed: load the model again to generate")
 
-    # -- text layer -----------------------------------------------------------------
-
-    def _stream_text(self, run: _Run, stop: Sequence[str]) -> Iterator[Chunk]:
-        detok = IncrementalDetokenizer(self.target.token_bytes)
-        matcher = StopMatcher(stop)
-        tokens = self._decode(run)
-        stopped = False
-        try:
-            while True:
-                with self._models:  # the models are used only in here, and only while open
-                    if self._closed:
-                        run.finish_reason = "cancelled"
-                        break
-                    item = next(tokens, None)
-                    if item is None:
-                        break
-                    token, from_draft = item
-                    text, stopped = matcher.feed(detok.add(token))
-                yield Chunk(text, [token], from_draft)
-                if stopped:
-                    run.finish_reason = "stop"
-                    break
-        finally:
-            with self._models:
-                tokens.close()  # runs the token loop's cleanup (cache rewind, timings)
-        tail = "" if stopped else matcher.flush(detok.flush())
-        yield Chunk(tail, [], False, run.finish_reason, run.stats)
-
     # -- token loop -----------------------------------------------------------------
 
-    def _decode(self, run: _Run) -> Iterator[tuple[int, bool]]:
+    def _decode(self, run: Run) -> Iterator[tuple[int, bool]]:
         """Yield ``(token_id, from_draft)`` for each committed token."""
         stats, ctx = run.stats, run.context
         eos = self.target.vocab.eos_token_ids
@@ -325,24 +277,16 @@ class Engine:
                     for drafter in self.active_drafters():
                         drafter.rewind(ctx)
 
-    def _prefill(self, run: _Run) -> bool:
+    def _prefill(self, run: Run) -> bool:
         """Evaluate the prompt but its last token into the target's cache, in
         chunks between which a cancel is seen; False if cancelled.
 
-        Where the planner wants pass sizes timed, the prompt's last tokens go in
-        passes of those sizes, each timed as a round's pass is (every row's logits,
-        verified greedily) between one-token passes timed alike (plain steps of the same
-        moment, so a busy minute moves both): the smallest sizes wanted whose sum is at
-        most half of the prompt, evaluated again if the cache held them already (the
-        planner asks once per machine and model: what it timed is kept for the next run)."""
+        Where the planner wants pass sizes timed (:meth:`Planner.timing_wanted`), the
+        prompt's last tokens go in timed passes (:class:`~edgespec.calibration.PassTimer`),
+        evaluated again if the cache held them already: the planner asks once per
+        machine and model, and what it timed is kept for the next run."""
         prompt = run.context[:-1]
-        sizes = []
-        for n in sorted(self.planner.timing_wanted()) if run.speculative else ():
-            if 2 * (sum(sizes) + n + len(sizes) + 2) > len(prompt):
-                break
-            sizes.append(n)
-        if sizes:  # a plain step before each long pass, and one after the last
-            sizes = [m for n in sizes for m in (1, n)] + [1]
+        sizes = PassTimer.sizes(self.planner.timing_wanted(), len(prompt)) if run.speculative else []
         end = len(prompt) - sum(sizes)
         done = min(common_prefix_length(self.target_cache.tokens, prompt), end)
         self.target_cache.rewind(done)
@@ -357,32 +301,20 @@ class Engine:
             if run.cancelled.is_set():
                 run.finish_reason = "cancelled"
                 return False
-            self.planner.observe_pass(n, self._timed_pass(prompt[done:done + n]))
+            self.planner.observe_pass(n, self._timer.time(prompt[done:done + n]))
             done += n
             run.stats.prompt_eval_tokens += n
         run.stats.prompt_eval_tokens += 1  # the last prompt token, with the first drafts
         return True
 
-    def _timed_pass(self, tokens: list[int]) -> float:
-        """Seconds for a pass over ``tokens`` and a greedy verification of its rows (as
-        if all but the first had been drafted): what a round's pass costs."""
-        start = self._clock()
-        logits = self.target_cache.forward(tokens, on_device=self._on_device)
-        if self._on_device:
-            self.target.verify(logits, tokens[1:], None, _GREEDY, None)
-        else:
-            verify_round(logits, tokens[1:], None, _GREEDY, None, confidence=False, scratch=self._scratch)
-        return self._clock() - start
-
-    def _round(self, run: _Run) -> list[tuple[int, bool]]:
+    def _round(self, run: Run) -> list[tuple[int, bool]]:
         """One target pass over the pending token and a draft (if any); returns
         the committed tokens, each with whether it was an accepted draft."""
         stats, ctx = run.stats, run.context
         self.target_cache.sync(ctx[:-1], need_logits=False)  # drops last round's rejected drafts
-        # Draft no more than the context holds or the caller will use (the target's
-        # own token after the drafts makes up the last one).
-        limit = min(self.planner.max_draft, run.n_ctx - len(ctx),
-                    run.max_tokens - stats.generated_tokens - 1)
+        # Draft no more than every model's context holds or the caller will use (the
+        # target's own token after the drafts makes up the last one): the one check.
+        limit = min(run.n_ctx - len(ctx), run.max_tokens - stats.generated_tokens - 1)
         reports, verified, draft = self._draft(run, limit) if run.speculative and limit > 0 \
             else ((), None, Draft([]))
         drafter = verified.drafter if verified else None
@@ -392,17 +324,11 @@ class Engine:
         # the target runs up to it, and the verifier rejects it for certain.
         runnable = runnable_drafts(draft.token_ids, self.target.vocab.size)
         draft = draft.truncated(runnable + 1)  # nothing after such an id can be accepted
-        # [n, V]; a backend whose logits stay on its device (MLX) keeps them there.
-        logits = self.target_cache.forward([ctx[-1], *draft.token_ids[:runnable]],
-                                           on_device=self._on_device)
-        if self._on_device and len(logits) == len(draft) + 1:  # (not with an id the target lacks)
-            verdict, top_probs = self.target.verify(logits, draft.token_ids, draft.probs, run.params,
-                                                    run.rng, draft_scales=draft.scales, position=len(ctx))
-        else:
-            verdict, top_probs = verify_round(logits, draft.token_ids, draft.probs, run.params, run.rng,
-                                              draft_scales=draft.scales,
-                                              confidence=self.planner.wants_confidence,
-                                              scratch=self._scratch, position=len(ctx))
+        logits = self.target_cache.verify_pass([ctx[-1], *draft.token_ids[:runnable]])  # [n, V]
+        verdict, top_probs = self.target.verify(logits, draft.token_ids, draft.probs, run.params, run.rng,
+                                                draft_scales=draft.scales, position=len(ctx),
+                                                confidence=self.planner.wants_confidence,
+                                                scratch=self._scratch)
         seconds = self._clock() - start
 
         self.planner.observe(RoundResult(
@@ -417,7 +343,7 @@ class Engine:
             drafter.accepted(verdict.num_accepted)
         return [(token, i < verdict.num_accepted) for i, token in enumerate(verdict.token_ids)]
 
-    def _draft(self, run: _Run, limit: int) -> tuple[tuple[DraftReport, ...], Proposal | None, Draft]:
+    def _draft(self, run: Run, limit: int) -> tuple[tuple[DraftReport, ...], Proposal | None, Draft]:
         """Ask the planner's drafters, in the planner's order, for a draft worth
         verifying: every report made, what of the last to verify (None: nothing),
         and that draft."""
@@ -438,5 +364,3 @@ class Engine:
                 return tuple(reports), verified, draft.truncated(verified.num_draft)
         return tuple(reports), None, Draft([])
 
-
-_GREEDY = SamplingParams(temperature=0)

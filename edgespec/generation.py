@@ -1,12 +1,34 @@
-"""What a generation yields: streamed chunks and the finished result."""
+"""What a generation is and yields: its state, its text as streamed chunks, the finished result."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Iterator
+import threading
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Sequence
 
+import numpy as np
+
+from .coupling import Coupling
+from .detokenize import IncrementalDetokenizer, StopMatcher
 from .sampling import SamplingParams
 from .stats import GenerationStats
+
+
+@dataclass(eq=False)
+class Run:
+    """The state of one generation, shared by the token loop and its caller."""
+
+    context: list[int]
+    params: SamplingParams
+    rng: np.random.Generator | Coupling  # (a Coupling: seed-invariant sampling)
+    max_tokens: int
+    speculative: bool
+    stats: GenerationStats
+    n_ctx: int  # the context it may fill (Engine.n_ctx)
+    finish_reason: str | None = None
+    # Set by Engine.cancel() any time after the call that made this run returned.
+    cancelled: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass
@@ -56,3 +78,36 @@ def collect(chunks: Iterator[Chunk]) -> Generation:
         if chunk.finish_reason is not None:
             return Generation("".join(texts), token_ids, from_draft, chunk.finish_reason, chunk.stats)
     raise AssertionError("stream ended without a final chunk")
+
+
+def stream_text(run: Run, tokens: Iterator[tuple[int, bool]], token_bytes: Callable[[int], bytes],
+                stop: Sequence[str], models: AbstractContextManager,
+                closed: Callable[[], bool]) -> Iterator[Chunk]:
+    """The text of a token loop (``tokens``: each committed token and whether it was an
+    accepted draft), a chunk per token, cut at the first ``stop`` string; the last chunk
+    carries the finish reason and the stats. Each token is taken while holding ``models``
+    (the engine's lock on its models) and only while not ``closed()``; the loop is closed
+    (its caches rewound) however the stream ends."""
+    detok = IncrementalDetokenizer(token_bytes)
+    matcher = StopMatcher(stop)
+    stopped = False
+    try:
+        while True:
+            with models:  # the models are used only in here, and only while open
+                if closed():
+                    run.finish_reason = "cancelled"
+                    break
+                item = next(tokens, None)
+                if item is None:
+                    break
+                token, from_draft = item
+                text, stopped = matcher.feed(detok.add(token))
+            yield Chunk(text, [token], from_draft)
+            if stopped:
+                run.finish_reason = "stop"
+                break
+    finally:
+        with models:
+            tokens.close()  # runs the token loop's cleanup (cache rewind, timings)
+    tail = "" if stopped else matcher.flush(detok.flush())
+    yield Chunk(tail, [], False, run.finish_reason, run.stats)

@@ -86,7 +86,7 @@ def _mlx_rows() -> list[tuple[str, str]]:
 
 def report() -> list[tuple[str, str]]:
     """(label, value) rows: versions, platform, and what each backend can do here."""
-    from .models import edgespec_home
+    from .models.catalog import edgespec_home
     rows = [("edgespec", _version("edgespec")),
             ("python", f"{platform.python_version()} ({sys.executable})"),
             ("platform", f"{platform.system()} {platform.machine()}, {os.cpu_count()} logical CPUs"),

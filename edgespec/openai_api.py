@@ -13,10 +13,11 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from .drafters.registry import BUILTIN
 from .sampling import SamplingParams
 from .stats import GenerationStats
 
-DRAFTERS = ("lookup", "model", "off")
+DRAFTERS = (*BUILTIN, "model", "off")  # a request's speculative.drafter
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 
@@ -46,7 +47,7 @@ class Request:
     stream: bool = False
     include_usage: bool = False
     model: str | None = None
-    drafter: str | None = None     # "lookup", "model", "off"; None: the server's default
+    drafter: str | None = None     # a DRAFTERS name; None: the server's default
     num_draft: int | str | None = None  # k or "auto"; None: the server's default
 
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 import time
@@ -15,34 +14,9 @@ from .errors import EdgespecError
 def profile_path(target: str) -> Path:
     """Where the saved pairing of a target lives: keyed by the model's content, so
     two models that share a file name (in different folders) never share one."""
-    from .models import edgespec_home
+    from .models.catalog import edgespec_home, model_fingerprint
     name = Path(str(target).rstrip("/")).name.replace("/", "_") or "model"
     return edgespec_home() / "profiles" / f"{name}-{model_fingerprint(target)}.json"
-
-
-def model_fingerprint(target: str) -> str:
-    """A short hash of what a model argument names: a file's size and header (its
-    metadata), a folder's config and file sizes; a name not on disk by itself."""
-    from .models import resolve_model
-    h = hashlib.sha256()
-    try:
-        path = resolve_model(str(target), fetch=False)
-    except EdgespecError:  # a known name not downloaded, or a Hub id
-        path = Path(str(target)).expanduser()
-    try:
-        if path.is_file():
-            with open(path, "rb") as f:
-                h.update(f"{path.stat().st_size}|".encode() + f.read(1 << 20))
-        elif path.is_dir():
-            for item in sorted(path.iterdir()):
-                h.update(f"{item.name}|{item.stat().st_size}|".encode())
-                if item.name == "config.json":
-                    h.update(item.read_bytes())
-        else:
-            h.update(str(target).encode())
-    except OSError:
-        h.update(str(target).encode())
-    return h.hexdigest()[:16]
 
 
 def save_profile(target: str, recommendation: dict) -> Path | None:

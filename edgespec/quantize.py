@@ -80,7 +80,7 @@ def quantize_mlx(source: str | os.PathLike, destination: str | os.PathLike, bits
     if not source.exists():
         raise EdgespecError(f"model not found: {source}: give an mlx-lm folder or a .gguf file")
     if source.is_file():
-        from .gguf_mlx import convert_gguf
+        from .backends.gguf_mlx import convert_gguf
         from .backends.llama_lib import check_gguf_file
         folder = convert_gguf(check_gguf_file(source), quantize="none")
     else:

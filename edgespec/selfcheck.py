@@ -5,7 +5,7 @@ Four checks, each PASS or FAIL with its figures:
 - **exact rule**, **seed-invariant rule**: rows of real target and draft logits
   are recorded along a few replies; on each, the draft model's own sampling
   (:meth:`~edgespec.drafters.DraftModel.draw`) drafts a token and edgespec's
-  verifier (:func:`~edgespec.verify.rejection_sample`) decides what the round
+  verifier (:func:`~edgespec.acceptance.rejection_sample`) decides what the round
   commits, many times over, and the first committed token is tested against p
   by chi-square (each rule's test at significance 0.001, fixed seeds; a test
   that falls below it runs again on other seeds, and fails only if that one
@@ -36,7 +36,7 @@ from .coupling import BLOCK, Coupling, exp_noise, position_keys
 from .drafters import DraftModel, PromptLookup
 from .engine import Engine
 from .sampling import SamplingParams, logits_to_probs, weights_and_blocks
-from .verify import rejection_sample
+from .acceptance import rejection_sample
 
 SIGNIFICANCE = 0.001   # of each distribution test
 NEAR_TIE = 0.5         # logits: a top-2 gap this small may flip between batched and one-token passes

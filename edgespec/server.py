@@ -30,8 +30,8 @@ from fastapi import FastAPI, Request as HttpRequest
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from .drafters import PromptLookup
-from .drafters.base import MODEL
+from .drafters.base import MODEL, Drafter
+from .drafters.registry import BUILTIN, make_drafter
 from .engine import Engine
 from .errors import EdgespecError
 from .openai_api import (ApiError, Request, chunk, new_id, param_of, parse_request, response,
@@ -84,13 +84,14 @@ class Server:
 
     def __init__(self, engine: Engine, settings: ServerSettings):
         self.engine, self.settings = engine, settings
-        self.model_drafter = engine.drafter if engine.drafter is not None \
-            and engine.drafter.kind == MODEL else None
-        self.lookup = engine.drafter if engine.drafter is not None and self.model_drafter is None \
-            else PromptLookup()
+        started = engine.drafter
+        self.model_drafter = started if started is not None and started.kind == MODEL else None
+        # The drafters that run no model, by name (registry.BUILTIN), made when first asked for.
+        self.copiers: dict[str, Drafter] = {started.name: started} \
+            if started is not None and started.name in BUILTIN else {}
         # What a request that does not say gets: as the server was started.
-        self.default_drafter = "off" if engine.drafter is None else \
-            "model" if self.model_drafter else "lookup"
+        self.default_drafter = "off" if started is None else \
+            "model" if self.model_drafter else started.name
         self.turns: Turns | None = None  # made on the server's event loop
         self.jobs: queue.Queue = queue.Queue()  # generations for the thread in work()
         # (finish reason, stats) of the latest generations, cancelled ones too.
@@ -104,10 +105,13 @@ class Server:
         drafter_choice = request.drafter or self.default_drafter
         speculative = drafter_choice != "off"
         if drafter_choice == "model" and not self.model_drafter:
-            raise ApiError(400, "this server has no draft model: use drafter lookup or off "
-                                "(or start it with -d MODEL)", param="speculative.drafter")
+            raise ApiError(400, "this server has no draft model: use a drafter that runs none "
+                                f"({', '.join(BUILTIN)}) or off (or start it with -d MODEL)",
+                           param="speculative.drafter")
         if speculative:
-            drafter = self.model_drafter if drafter_choice == "model" else self.lookup
+            if drafter_choice != "model" and drafter_choice not in self.copiers:
+                self.copiers[drafter_choice] = make_drafter(drafter_choice)
+            drafter = self.model_drafter if drafter_choice == "model" else self.copiers[drafter_choice]
             k = request.num_draft or self.settings.num_draft
             if drafter is not engine.drafter or k != engine.num_draft:
                 engine.configure(drafter, k)

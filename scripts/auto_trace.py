@@ -21,7 +21,7 @@ import argparse
 
 import edgespec
 from edgespec.drafters.base import MODEL
-from edgespec.planner import RoundResult
+from edgespec.planning import RoundResult
 from edgespec.prompt_sets import load_conversations, turn_messages
 from edgespec.prompting import chat_prompt_ids
 from edgespec.sampling import SamplingParams

@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from edgespec import DraftModel, Engine, PromptLookup, SamplingParams
-from edgespec.loading import BackendOptions, load_backend
+from edgespec.models.loading import BackendOptions, load_backend
 from edgespec.prompt_sets import load_prompt_set
 from edgespec.prompting import chat_prompt_ids
 

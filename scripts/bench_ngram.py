@@ -45,7 +45,7 @@ import numpy as np  # noqa: E402
 from edgespec.ceiling import ceiling, copy_lengths  # noqa: E402
 from edgespec.calibration import calibrate  # noqa: E402
 from edgespec.costs import CostModel  # noqa: E402
-from edgespec.drafters.base import Draft  # noqa: E402
+from edgespec.drafters.base import Draft, DrafterBase  # noqa: E402
 from edgespec.prompt_sets import load_conversations, turn_messages  # noqa: E402
 from edgespec.prompting import chat_prompt_ids  # noqa: E402
 from edgespec.sampling import SamplingParams  # noqa: E402
@@ -60,7 +60,7 @@ LONGEST = 64  # edgespec's longest draft, and the ceiling's
 CEILING_SIZES = (1, 2, 3, 4, 5, 8, 9, 12, 16, 17, 24, 32, 33, 48, 64, 65)
 
 
-class MapKRule:
+class MapKRule(DrafterBase):
     """llama.cpp's ngram-map-k (common/ngram-map.cpp, key-only mode) as an edgespec
     drafter: after the context's last ``key`` tokens, the ``value`` tokens that
     followed their most recent earlier occurrence (one that leaves room for them),
@@ -107,15 +107,9 @@ class MapKRule:
         if self._last is not None:
             self._accepted[self._last] = num_accepted
 
-    def attach(self, target) -> None: ...
-
     def prefill(self, context) -> int:
         self._follow(context)
         return 0
-
-    def rewind(self, context) -> None: ...
-
-    def close(self) -> None: ...
 
 
 def main() -> int:
@@ -145,8 +139,8 @@ def main() -> int:
         os.environ["EDGESPEC_LLAMA_REPACK"] = "0"
 
     import edgespec
-    from edgespec.auto import auto_planner, save_costs
-    from edgespec.models import defaults, resolve_model
+    from edgespec.planning.auto import auto_planner, save_costs
+    from edgespec.models.catalog import defaults, resolve_model
 
     draft = defaults()["chat"]["draft"] if args.draft == "default" else args.draft
     draft = None if draft == "none" else draft

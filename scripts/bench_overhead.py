@@ -21,10 +21,9 @@ import pstats
 import statistics
 
 from edgespec.backends.table import TableBackend
-from edgespec.costs import CostModel
 from edgespec.drafters import DraftModel, PromptLookup
 from edgespec.engine import Engine
-from edgespec.policy import AdaptivePlanner, auto_drafters
+from edgespec.planning.auto import auto_planner
 from edgespec.sampling import SamplingParams
 
 QWEN_VOCAB = 151_936
@@ -49,8 +48,7 @@ def make_engine(mode: str, target: TableBackend, draft: TableBackend, k: int) ->
         return Engine(target, None, num_draft=1)
     if mode == "auto":
         engine, drafter = Engine(target, None, num_draft=1), DraftModel(draft)
-        engine.configure(drafter, "auto", AdaptivePlanner(auto_drafters(drafter, PromptLookup()),
-                                                           CostModel(DEAR)))
+        engine.configure(drafter, "auto", auto_planner(target, drafter, prior=DEAR))
         return engine
     drafter = DraftModel(draft) if mode == "draft" else PromptLookup()
     return Engine(target, drafter, num_draft=k)

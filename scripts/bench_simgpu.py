@@ -20,10 +20,10 @@ import statistics
 from edgespec.backends.simulated import DeviceClock, SimulatedDevice, gpu_batch_cost
 from edgespec.backends.table import TableBackend
 from edgespec.calibration import calibrate
-from edgespec.costs import CostModel
-from edgespec.drafters import DraftModel, PromptLookup
+from edgespec.drafters import DraftModel
 from edgespec.engine import Engine
-from edgespec.policy import AdaptivePlanner, PolicyConfig, auto_drafters
+from edgespec.planning import PolicyConfig
+from edgespec.planning.auto import auto_planner
 from edgespec.sampling import SamplingParams
 from edgespec.stats import GenerationStats
 
@@ -86,9 +86,7 @@ def main() -> None:
                   f"{tps / plain / predicted:>15.3f}{stats.acceptance_rate:>12.2f}")
         runs = []
         for _ in range(args.repeats):  # a fresh planner each run, as a new process would have
-            planner = AdaptivePlanner(auto_drafters(drafter, PromptLookup()),
-                                      CostModel(prior), config)
-            engine.configure(drafter, "auto", planner)
+            engine.configure(drafter, "auto", auto_planner(target, drafter, config, prior=prior))
             runs.append(speed())
         tps = statistics.median(r[0] for r in runs)
         print(f"{'auto':<16}{temperature:>5g}{tps / plain:>10.3f}{'':>11}{'':>15}"

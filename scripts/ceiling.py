@@ -25,7 +25,8 @@ import statistics
 import sys
 
 import edgespec
-from edgespec.ceiling import ScheduledDrafter, best_schedule, ceiling, copy_lengths
+from edgespec.ceiling import best_schedule, ceiling, copy_lengths
+from edgespec.drafters.scheduled import ScheduledDrafter
 from edgespec.calibration import calibrate
 from edgespec.prompt_sets import load_conversations, turn_messages
 from edgespec.prompting import chat_prompt_ids
@@ -53,7 +54,7 @@ def main() -> None:
     target = engine.target
     drafts = []
     if args.draft:
-        from edgespec.loading import BackendOptions, load_backend
+        from edgespec.models.loading import BackendOptions, load_backend
         drafts = [("draft", load_backend(args.draft, BackendOptions()))]
     print("measuring v(n) and c ...", file=sys.stderr)
     cost = calibrate(target, drafts, sizes=range(1, args.max_draft + 2), repeats=7)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 
 from edgespec import Engine, SamplingParams
-from edgespec.loading import BackendOptions, load_backend
+from edgespec.models.loading import BackendOptions, load_backend
 from edgespec.prompting import chat_prompt_ids
 
 PROMPTS = ["What is the capital of France?", "Write a haiku about autumn.",

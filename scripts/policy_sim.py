@@ -8,7 +8,7 @@ would have done: its per-position acceptance probability (greedy: argmax match;
 sampled: sum(min(p, q))) and its top probability (for the confidence stop), and
 the target's top probability; and the costs of every pass size up to 65 tokens.
 
-``simulate`` then drives the real :class:`~edgespec.policy.AdaptivePlanner`
+``simulate`` then drives the real :class:`~edgespec.planning.AdaptivePlanner`
 through the planner interface (plan → review → observe), with the real
 :class:`~edgespec.drafters.PromptLookup` (or the real suffix drafter, for
 ``auto+suffix`` and the fixed suffix rows) and a draft model replayed from the
@@ -48,8 +48,8 @@ from edgespec.ceiling import ceiling, copy_lengths
 from edgespec.calibration import calibrate
 from edgespec.costs import CALIBRATION_SIZES, CostModel
 from edgespec.drafters import Draft, PromptLookup, SuffixDrafter
-from edgespec.planner import DraftReport, RoundResult
-from edgespec.policy import AdaptivePlanner, PolicyConfig
+from edgespec.planning import DraftReport, RoundResult
+from edgespec.planning import AdaptivePlanner, PolicyConfig
 from edgespec.sampling import SamplingParams, logits_to_probs, top_probability
 
 from bench_ngram import MapKRule  # llama.cpp's ngram-map-k rule as an edgespec drafter
@@ -61,7 +61,7 @@ TIMED_SIZES = (1, 2, 3, 4, 5, 8, 9, 12, 16, 17, 24, 32, 33, 48, 64, 65)
 def record(args) -> None:
     from edgespec.cache import CachedModel
     from edgespec.engine import Engine
-    from edgespec.loading import BackendOptions, load_backend
+    from edgespec.models.loading import BackendOptions, load_backend
     from edgespec.prompt_sets import load_conversations, turn_messages
     from edgespec.prompting import chat_prompt_ids
 
@@ -124,7 +124,7 @@ def record(args) -> None:
 def time_costs(args) -> None:
     """Time every pass size at each trace's own context (its prompt and the first half of
     its reply cached), into the traces file: what its passes cost there."""
-    from edgespec.loading import BackendOptions, load_backend
+    from edgespec.models.loading import BackendOptions, load_backend
 
     data = json.load(open(args.traces))
     target = load_backend(args.target, BackendOptions(n_ctx=args.ctx))
@@ -280,7 +280,7 @@ def simulate(args) -> None:
     data = json.load(open(args.traces))
     if args.vocabulary != "none":
         from edgespec.backends.gguf_tokenizer import GGUFTokenizer
-        from edgespec.models import resolve_model
+        from edgespec.models.catalog import resolve_model
         VOCABULARY.append(GGUFTokenizer.from_file(resolve_model(args.vocabulary, fetch=False)))
     costs = json.load(open(args.costs)) if args.costs else data["costs"]
     true = CostModel(costs)

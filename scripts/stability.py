@@ -26,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from edgespec.models import edgespec_home
+from edgespec.models.catalog import edgespec_home
 from edgespec.prompt_sets import REQUEST_SETS, load_conversations, load_prompt_set
 
 

@@ -22,7 +22,7 @@ def tiny_gguf_pair(tmp_path_factory):
 @pytest.fixture(scope="session")
 def smollm2_path():
     """The real SmolLM2-135M-Instruct Q4_1 GGUF (fetched once into $EDGESPEC_HOME)."""
-    from edgespec.models import resolve_model
+    from edgespec.models.catalog import resolve_model
     return resolve_model("smollm2-135m-instruct", fetch=True)
 
 

@@ -144,7 +144,7 @@ def write_tiny_mlx_model(folder: str | Path, hf_weights: dict[str, np.ndarray], 
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from edgespec.gguf_mlx import mlx_name
+    from edgespec.backends.gguf_mlx import mlx_name
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,7 @@ import pytest
 
 from edgespec.bench import BenchConfig, recommend, run_bench, write_csv, write_json, write_plot
 from edgespec.costs import CALIBRATION_SIZES
-from edgespec.loading import BackendOptions
+from edgespec.models.loading import BackendOptions
 from edgespec.quantize import quantize_gguf
 from ggufs import perturbed, tiny_llama_weights, write_tiny_llama_gguf
 

@@ -9,7 +9,7 @@ import pytest
 
 from edgespec.backends.llama_lib import gpu_offload_supported
 from edgespec.cli_options import on_accelerator
-from edgespec.model_args import on_apple_silicon
+from edgespec.models.arguments import on_apple_silicon
 
 
 def edgespec(*args, env=None):

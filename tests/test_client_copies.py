@@ -13,7 +13,7 @@ from edgespec.backends.table import TableBackend
 from edgespec.backends.toy import SimClock
 from edgespec.costs import CostModel
 from edgespec.drafters.copying import CopyIndex
-from edgespec.policy import AdaptivePlanner, PolicyConfig
+from edgespec.planning import AdaptivePlanner, PolicyConfig
 
 GREEDY = SamplingParams(temperature=0)
 STEP = 0.03

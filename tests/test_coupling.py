@@ -17,7 +17,7 @@ from edgespec.backends.llamacpp import LlamaCppBackend
 from edgespec.backends.toy import ToyBackend
 from edgespec.coupling import Coupling, race
 from edgespec.drafters.suffix import SuffixDrafter
-from edgespec.loading import BackendOptions, load_backend
+from edgespec.models.loading import BackendOptions, load_backend
 from edgespec.sampling import block_sums
 from edgespec.selfcheck import NEAR_TIE, chi_square_sf, race_gap, run_checks
 from exactness import (SIGNIFICANCE, assert_pair_samples_target, chi_square_pvalue,

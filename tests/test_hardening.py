@@ -182,7 +182,7 @@ def test_cancel_is_seen_during_a_long_prefill(long_gguf):
 MLX_IDS_SCENARIO = """
     import sys
     from edgespec import EdgespecError, Engine, SamplingParams
-    from edgespec.loading import BackendOptions, load_backend
+    from edgespec.models.loading import BackendOptions, load_backend
 
     backend = load_backend(sys.argv[1], BackendOptions(backend="mlx", n_ctx=256))
     engine = Engine(backend)
@@ -285,7 +285,7 @@ CRASHING_CONVERSION = """
         return real(self, data, *args, **kwargs)
 
     pathlib.Path.write_text = die_half_way
-    from edgespec.gguf_mlx import convert_gguf
+    from edgespec.backends.gguf_mlx import convert_gguf
     convert_gguf(sys.argv[1], quantize="none")
 """
 
@@ -294,7 +294,7 @@ def test_a_conversion_killed_half_way_is_redone_not_left_broken(tmp_path, tiny_g
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
     out = run_scenario(CRASHING_CONVERSION, str(tiny_gguf_pair[0]))
     assert out.returncode == 3, out.stderr[-2000:]
-    from edgespec.gguf_mlx import convert_gguf, converted_path
+    from edgespec.backends.gguf_mlx import convert_gguf, converted_path
     assert not converted_path(Path(tiny_gguf_pair[0]), "none").exists()
     engine = edgespec.load(str(tiny_gguf_pair[0]), backend="mlx", mlx_quantize="none", num_draft=1)
     try:

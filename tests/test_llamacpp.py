@@ -6,7 +6,7 @@ import pytest
 from edgespec import DraftModel, EdgespecError, Engine, PromptLookup, SamplingParams
 from edgespec.backends.llamacpp import LlamaCppBackend
 from edgespec.costs import CostModel
-from edgespec.policy import AdaptivePlanner, auto_drafters
+from edgespec.planning import AdaptivePlanner, auto_drafters
 from edgespec.prompting import chat_prompt_ids
 from exactness import assert_pair_samples_target
 from greedy import assert_equal_up_to_a_near_tie

@@ -13,7 +13,7 @@ from edgespec.backends.toy import SimClock, ToyBackend
 from edgespec.costs import CostModel
 from edgespec.drafters.copying import CopyIndex, match_bucket
 from edgespec.drafters.suffix import SuffixDrafter
-from edgespec.policy import AdaptivePlanner, PolicyConfig
+from edgespec.planning import AdaptivePlanner, PolicyConfig
 
 GREEDY = SamplingParams(temperature=0)
 RNG = np.random.default_rng(0)

@@ -10,7 +10,7 @@ import zipfile
 import pytest
 
 from edgespec import EdgespecError
-from edgespec.models import fetch_model, manifests, resolve_model
+from edgespec.models.catalog import fetch_model, manifests, resolve_model
 
 PAYLOAD = b"GGUF" + bytes(range(256)) * 40  # stands in for a model file
 
@@ -204,7 +204,7 @@ def test_a_full_disk_during_the_copy_leaves_nothing_half_written(tmp_path, catal
             out.write(PAYLOAD[:100])
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr("edgespec.models.shutil.copyfile", full_disk)
+    monkeypatch.setattr("edgespec.models.catalog.shutil.copyfile", full_disk)
     with pytest.raises(EdgespecError, match="free some disk space"):
         fetch_model("big", log=lambda m: None)
     path = manifests()["big"].path

@@ -12,12 +12,12 @@ import pytest
 
 from edgespec import DraftModel, Engine, PromptLookup, SamplingParams
 from edgespec.backends.toy import SimClock, ToyBackend
-from edgespec.auto import auto_planner, costs_path
+from edgespec.planning.auto import auto_planner, costs_path
 from edgespec.calibration import calibration_path, save_calibration
 from edgespec.costs import CostModel
 from edgespec.drafters.base import COPY, MODEL, Draft
-from edgespec.planner import DraftReport, Proposal, RoundResult
-from edgespec.policy import AcceptanceTracker, AdaptivePlanner, PolicyConfig
+from edgespec.planning import DraftReport, Proposal, RoundResult
+from edgespec.planning import AcceptanceTracker, AdaptivePlanner, PolicyConfig
 from exactness import SIGNIFICANCE, chi_square_pvalue, exact_distribution, sample_continuations
 
 GREEDY = SamplingParams(temperature=0)
@@ -169,7 +169,7 @@ def test_exploration_is_paid_from_a_budget_that_bounds_what_it_loses():
     plus explore_rate per token, in plain steps."""
     n, params, grows = 400, SamplingParams(temperature=1.0, seed=3, invariant=False), 0.6
     # (Hopes on the planner's own rates: a copy's own chance to hold is not optimistic.)
-    hopeful = dict(optimism=5.0, priors={"lookup": 0.1}, continuation_lift=0.0, copy_holds=False)
+    hopeful = dict(optimism=5.0, priors={}, copy_prior=0.1, continuation_lift=0.0, copy_holds=False)
 
     def steps_lost(config):
         clock = SimClock()
@@ -427,7 +427,7 @@ def test_the_learned_stop_follows_acceptance_by_confidence_and_the_cost_of_a_tok
     """A drafter whose unsure drafts are still accepted (a noisy copy of the target)
     drafts on through them where a draft token is cheap (GPU-like c + Δv), and
     stops early where one is dear (CPU-like) or where unsure drafts fail."""
-    from edgespec.policy import StopRule
+    from edgespec.planning import StopRule
     config = PolicyConfig()
     cheap, dear = 0.36, 0.8
 
@@ -449,7 +449,7 @@ def test_one_rejected_draft_token_does_not_move_the_learned_stop_but_a_run_of_th
     """The stop follows evidence, not one token: a drafter accepted nearly always
     keeps drafting at a confidence where one draft was rejected, and stops above
     it once rejections there are the rule."""
-    from edgespec.policy import StopRule
+    from edgespec.planning import StopRule
     cost, overall = 0.75, 0.97  # CPU-like token cost; a draft model that copies the target
     stop = StopRule(PolicyConfig())
     before = stop.threshold(cost, overall)

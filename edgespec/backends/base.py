@@ -34,12 +34,16 @@ class Backend(Protocol):
     ``[1, V]`` (a prefill). ``rewind(n_past)`` drops everything after the
     first ``n_past`` cached tokens.
 
-    A backend whose logits can stay on its device (MLX) says so with
-    ``device_logits = True``: its ``forward(..., lazy=True)`` returns them
-    unevaluated, and its ``verify(logits, draft_token_ids, draft_probs, params,
-    rng, *, draft_scales, position)`` decides a round there, returning what
-    :func:`edgespec.verify.verify_round` returns (the engine asks for nothing
-    else of it: verification on the host knows no device).
+    ``verify(logits, draft_token_ids, draft_probs, params, rng, *, draft_scales,
+    position, confidence, scratch)`` decides a round from the rows of a pass, and
+    returns what :func:`edgespec.acceptance.verify_round` returns: a backend whose
+    logits come to the host verifies with that function
+    (:class:`edgespec.acceptance.HostVerify`). One whose logits can stay on its
+    device (MLX) says so with ``device_logits = True``: its ``forward(...,
+    lazy=True)`` returns them unevaluated, and its ``verify`` decides the round
+    there. The engine asks for the pass through
+    :meth:`edgespec.cache.CachedModel.verify_pass` and verifies with ``verify``,
+    whichever the backend.
     """
 
     name: str
@@ -61,6 +65,10 @@ class Backend(Protocol):
 
     def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True,
                             max_chars: int | None = None) -> str: ...
+
+    def verify(self, logits, draft_token_ids: Sequence[int], draft_probs, params, rng, *,
+               draft_scales=None, position: int = 0, confidence: bool = True,
+               scratch=None) -> tuple: ...
 
     def close(self) -> None: ...
 

@@ -14,12 +14,13 @@ from typing import Sequence
 
 import numpy as np
 
+from ..acceptance import HostVerify
 from ..errors import EdgespecError
 from .base import TokenizerMethods, check_forward, closed_error
 from .gguf_tokenizer import GGUFTokenizer
 from .llama_lib import Log, check_gguf_file, free_model, llama, load_model, physical_core_count
 
-class LlamaCppBackend(TokenizerMethods):
+class LlamaCppBackend(TokenizerMethods, HostVerify):
     """A GGUF model on llama.cpp, behind the :class:`~edgespec.backends.base.Backend` protocol."""
 
     def __init__(self, model_path: str | os.PathLike, *, n_ctx: int = 4096,

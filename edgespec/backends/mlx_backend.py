@@ -2,7 +2,7 @@
 
 Metal runs it on Apple Silicon; on Linux MLX uses its CPU backend. Models
 come from an mlx-lm folder, a Hugging Face repo id (a local cache hit needs
-no network), or a GGUF file converted by :mod:`edgespec.gguf_mlx` (whose
+no network), or a GGUF file converted by :mod:`edgespec.backends.gguf_mlx` (whose
 tokenizer and chat template are read through llama.cpp, so both backends
 tokenize a GGUF model identically).
 """
@@ -17,6 +17,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..acceptance import verify_round
 from ..errors import EdgespecError
 from .base import TokenizerMethods, VocabInfo, check_forward, check_token_ids, closed_error
 
@@ -102,12 +103,19 @@ class MlxBackend(TokenizerMethods):
         self._n_past = min(self._n_past, n_past)
 
     def verify(self, logits: mx.array, draft_token_ids: Sequence[int], draft_probs, params, rng, *,
-               draft_scales: np.ndarray | None = None, position: int = 0):
+               draft_scales: np.ndarray | None = None, position: int = 0, confidence: bool = True,
+               scratch=None):
         """The verdict on a round from rows of logits ``[k+1, V]`` left on the device by
         ``forward(lazy=True)``, and the target's top probability at each committed token,
         in one synchronization (:func:`edgespec.backends.mlx_ops.verify_on_device`);
-        the arguments are :func:`edgespec.verify.verify_round`'s."""
+        the arguments are :func:`edgespec.acceptance.verify_round`'s (the device always
+        reports the top probabilities: they cost nothing there). A round whose last draft
+        is an id this model lacks has one row fewer, and is decided on the host."""
         from .mlx_ops import verify_on_device
+        if len(logits) != len(draft_token_ids) + 1:
+            return verify_round(np.array(logits, copy=False), draft_token_ids, draft_probs, params, rng,
+                                draft_scales=draft_scales, confidence=confidence, scratch=scratch,
+                                position=position)
         if draft_scales is not None:  # the device takes q itself
             draft_probs = draft_probs * np.asarray(draft_scales, np.float32)[:, None]
         return verify_on_device(logits, draft_token_ids, draft_probs, params, rng, position=position)
@@ -199,8 +207,8 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 def load_mlx_backend(spec: str, options, *, name: str) -> MlxBackend:
     """Load ``spec`` (GGUF file, model name, mlx-lm folder or Hub id) on MLX."""
-    from ..model_args import looks_like_hub_id
-    from ..models import resolve_model
+    from ..models.arguments import looks_like_hub_id
+    from ..models.catalog import resolve_model
 
     path = Path(spec).expanduser()
     if not path.is_dir() and not (looks_like_hub_id(spec) and not path.exists()):
@@ -208,7 +216,7 @@ def load_mlx_backend(spec: str, options, *, name: str) -> MlxBackend:
         from .gguf_tokenizer import GGUFTokenizer
         from .llama_lib import check_gguf_file
         check_gguf_file(path)
-        from ..gguf_mlx import convert_gguf
+        from .gguf_mlx import convert_gguf
         folder = convert_gguf(path, quantize=options.mlx_quantize)
         model, _ = _load_folder(folder)
         tokenizer = GGUFTokenizer.from_file(path)
@@ -241,7 +249,7 @@ def _hub_snapshot(repo: str) -> Path:
         return Path(snapshot_download(repo, local_files_only=True, cache_dir=cache_dir))
     except Exception:
         pass
-    from ..models import _hub_reachable
+    from ..models.catalog import _hub_reachable
     if os.environ.get("HF_HUB_OFFLINE") == "1" or not _hub_reachable():
         raise EdgespecError(f"{repo} is not in the Hugging Face cache and the Hub is not reachable: "
                             f"download it on a connected machine, or give a local folder or .gguf file")

@@ -1,6 +1,6 @@
 """Sampling and verification where MLX's logits live: on the device.
 
-The numpy path (:mod:`edgespec.sampling`, :mod:`edgespec.verify`) brings every
+The numpy path (:mod:`edgespec.sampling`, :mod:`edgespec.acceptance`) brings every
 row of logits to the host. On Metal that round trip, one per drafted token,
 costs more than the arithmetic; here a round builds one lazy graph and
 evaluates it once: the draft model's k steps (each sampled token feeding the
@@ -8,7 +8,7 @@ next forward as an ``mx.array``), and, separately, the verification of the
 target's rows. Only token ids and a few scalars cross to the host (counted in
 :data:`host_syncs`, so a test can hold the engine to two per round).
 
-The acceptance rule is the one in :mod:`edgespec.verify`, evaluated for every
+The acceptance rule is the one in :mod:`edgespec.acceptance`, evaluated for every
 draft position at once: position i is accepted when ``u_i · q_i(x_i) <
 p_i(x_i)``, a replacement is drawn from every row's residual ``max(p_i - q_i,
 0)`` (from ``p_k`` after the last), and the host keeps the accepted prefix and
@@ -27,7 +27,7 @@ import numpy as np
 
 from ..coupling import BLOCK, MIX, UNIFORM_BITS, Coupling, position_keys
 from ..sampling import SamplingParams
-from ..verify import Verdict, greedy_verify
+from ..acceptance import Verdict, greedy_verify
 
 host_syncs = 0  # evaluations that brought results to the host, since import
 
@@ -84,7 +84,7 @@ _LOWEST = float(np.finfo(np.float32).min)
 
 
 def fit_vocab(q: mx.array, vocab_size: int) -> mx.array:
-    """q over the target's vocabulary (as :func:`edgespec.verify._fit_vocab`)."""
+    """q over the target's vocabulary (as :func:`edgespec.acceptance._fit_vocab`)."""
     width = q.shape[-1]
     if width > vocab_size:
         return q[:, :vocab_size]
@@ -138,7 +138,7 @@ def _verify_own_samples(p: mx.array, draft_token_ids: Sequence[int],
                         rng: np.random.Generator) -> tuple[Verdict, np.ndarray]:
     """A deterministic drafter's round (q one-hot; none at all for a plain step):
     the target samples its own token from every row, and the drafts are kept
-    while they equal it (:func:`edgespec.verify.rejection_sample`). Row i gets
+    while they equal it (:func:`edgespec.acceptance.rejection_sample`). Row i gets
     the key a plain step at its position would get, and ``rng`` is left where
     plain sampling would leave it, so with one seed the tokens are plain
     sampling's."""

@@ -17,6 +17,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..acceptance import HostVerify
 from .base import VocabInfo
 
 
@@ -33,7 +34,7 @@ class SimClock:
         self.now += seconds
 
 
-class ToyBackend:
+class ToyBackend(HostVerify):
     """A context-dependent random LM over ``vocab_size`` letters."""
 
     def __init__(self, table: np.ndarray, *, eos_token_id: int | None = None, name: str = "toy",

@@ -70,13 +70,24 @@ class Drafter(Protocol):
     since it last drafted) and returns how many tokens it evaluated; the
     engine times it apart from ``propose``. ``rewind`` drops any state beyond
     the committed ``context``; the engine calls it in a ``finally`` so an
-    abandoned generation leaves no junk. ``attach`` raises
-    :class:`~edgespec.errors.EdgespecError` if the drafter cannot serve
-    ``target`` (vocabulary), and ``close`` frees what the drafter holds.
+    abandoned generation leaves no junk. ``reset`` forgets the current
+    conversation, ``forget`` everything learned from earlier ones too.
+    ``attach`` raises :class:`~edgespec.errors.EdgespecError` if the drafter
+    cannot serve ``target`` (vocabulary), and ``close`` frees what the drafter holds.
+
+    What the engine, a planner, bench and the server read of a drafter beyond
+    that: ``n_ctx``, the context it can hold (None: no limit of its own);
+    ``min_confidence``, a draft model's own stop (None: none); ``cache``, the
+    :class:`~edgespec.cache.CachedModel` a draft model drafts through (timed with
+    the target; None for a drafter that runs no model). :class:`DrafterBase`
+    gives every member but ``propose`` a default.
     """
 
     name: str
     kind: str
+    n_ctx: int | None
+    min_confidence: float | None
+    cache: object | None
 
     def attach(self, target) -> None: ...
 
@@ -91,4 +102,41 @@ class Drafter(Protocol):
 
     def reset(self) -> None: ...
 
+    def forget(self) -> None: ...
+
     def close(self) -> None: ...
+
+
+class DrafterBase:
+    """Defaults for a drafter that runs no model and keeps no state outside the
+    context it is handed: subclass it and write ``name``, ``kind`` and ``propose``
+    (docs/drafters.md adds one in a file of its own)."""
+
+    name: str = "drafter"
+    kind: str = COPY
+    n_ctx: int | None = None
+    min_confidence: float | None = None
+    cache = None
+
+    def attach(self, target) -> None:
+        """Any target will do."""
+
+    def prefill(self, context: Sequence[int]) -> int:
+        """No model runs: nothing is evaluated."""
+        return 0
+
+    def accepted(self, num_accepted: int) -> None:
+        """Nothing to learn from a verdict."""
+
+    def rewind(self, context: Sequence[int]) -> None:
+        """Nothing beyond the committed context to drop."""
+
+    def reset(self) -> None:
+        """Nothing of this conversation to forget."""
+
+    def forget(self) -> None:
+        """Forget everything: this conversation and earlier ones."""
+        self.reset()
+
+    def close(self) -> None:
+        """Nothing to free."""

@@ -10,10 +10,10 @@ from ..backends.base import Backend
 from ..cache import CachedModel, common_prefix_length
 from ..coupling import Coupling
 from ..sampling import SamplingParams, Scratch, sample_from, top_probability, weights_and_blocks
-from .base import MODEL, Draft
+from .base import MODEL, Draft, DrafterBase
 
 
-class DraftModel:
+class DraftModel(DrafterBase):
     """Propose tokens by running a (smaller) model autoregressively.
 
     The drafter's KV cache follows the committed context: :meth:`prefill`
@@ -35,8 +35,6 @@ class DraftModel:
         # distribution before sampling, so proposals stay exactly distributed as q.
         self.min_confidence = min_confidence
         self._next_logits: np.ndarray | None = None  # [V] after the cached tokens
-        # A backend whose logits stay on its device (MLX) drafts there (edgespec.backends.mlx_ops).
-        self._on_device = bool(getattr(backend, "device_logits", False))
         # q of each draft on the host: a draft's probs are read until it is verified,
         # and the next proposal overwrites them.
         self._scratch = Scratch()
@@ -66,7 +64,7 @@ class DraftModel:
         self._next_logits = None
         if not self._can_read(context):
             return 0
-        logits, evaluated = self.cache.sync(context, need_logits=True, on_device=self._on_device)
+        logits, evaluated = self.cache.sync(context, need_logits=True, on_device=self.cache.on_device)
         self._next_logits = logits
         return evaluated
 
@@ -79,15 +77,11 @@ class DraftModel:
         stopping where its top probability falls below ``min_confidence`` (None: the
         stop it was made with)."""
         stop = self.min_confidence if min_confidence is None else min_confidence
-        # The draft cache will hold the context and all drafts but the last.
-        num_draft = min(num_draft, self.backend.n_ctx - len(context) + 1)
-        if num_draft <= 0:
-            return Draft([])
         self.prefill(context)
         logits, self._next_logits = self._next_logits, None
         if logits is None:  # a token it cannot read
             return Draft([])
-        if self._on_device:
+        if self.cache.on_device:
             return self._propose_on_device(context, logits, num_draft, params, rng, stop)
         token_ids: list[int] = []
         confidence: list[float] = []  # the top probability before each draft (with a stop)
@@ -176,9 +170,6 @@ class DraftModel:
         size = self.backend.vocab.size
         start = common_prefix_length(self.cache.tokens, context)
         return all(0 <= t < size for t in context[start:])
-
-    def accepted(self, num_accepted: int) -> None:
-        """Nothing to learn; the next sync trims the rejected drafts."""
 
     def rewind(self, context: Sequence[int]) -> None:
         """Drop cached draft tokens that are not part of ``context``."""

@@ -19,13 +19,13 @@ from typing import Sequence
 import numpy as np
 
 from ..sampling import SamplingParams
-from .base import COPY, Draft
+from .base import COPY, Draft, DrafterBase
 from .copying import CopyIndex, copy_bucket, match_bucket
 
 __all__ = ["PromptLookup", "match_bucket"]
 
 
-class PromptLookup:
+class PromptLookup(DrafterBase):
     """An n-gram drafter over the context, with an index that grows with it.
 
     Each new token adds at most ``max_ngram - min_ngram + 1`` index entries,
@@ -59,17 +59,8 @@ class PromptLookup:
         vocabulary tells which tokens end lines (where copies break is learned by line)."""
         self.copies.set_vocabulary(target.token_bytes)
 
-    def close(self) -> None:
-        """Nothing to free."""
-
     def prefill(self, context: Sequence[int]) -> int:
-        """Index the prompt; no model runs, so nothing is evaluated."""
+        """Index the prompt; no model runs, so nothing is evaluated. (The committed
+        text shows where a copy held: :meth:`CopyIndex.follow` reads it here.)"""
         self.copies.follow(context)
         return 0
-
-    def accepted(self, num_accepted: int) -> None:
-        """Nothing to learn here: the committed text shows where a copy held
-        (:meth:`CopyIndex.follow` reads it at the next proposal)."""
-
-    def rewind(self, context: Sequence[int]) -> None:
-        """Nothing to undo: the index only holds committed tokens."""

@@ -33,7 +33,7 @@ import numpy as np
 
 from ..cache import common_prefix_length
 from ..sampling import SamplingParams
-from .base import COPY, Draft
+from .base import COPY, Draft, DrafterBase
 from .copying import CopyIndex, copy_bucket
 
 # A context that differs from the one indexed in more than this many tokens is a
@@ -87,7 +87,7 @@ class NgramCounts:
         return sum(len(followers) for table in self.tables for followers in table.values())
 
 
-class SuffixDrafter:
+class SuffixDrafter(DrafterBase):
     """Drafts from continuation counts over the context and earlier contexts."""
 
     name = "suffix"
@@ -146,12 +146,6 @@ class SuffixDrafter:
         if not draft:
             return Draft([])
         return Draft(draft, None, confidence_bucket(first_n, confidence))
-
-    def accepted(self, num_accepted: int) -> None:
-        """The counts learn from committed text, not from verdicts."""
-
-    def rewind(self, context: Sequence[int]) -> None:
-        """Nothing to undo: only committed tokens are counted."""
 
     def reset(self) -> None:
         """Forget the current context (the memory of earlier ones stays)."""

@@ -1,7 +1,7 @@
 """What a model argument names, and which backend runs it.
 
 A model argument is a GGUF file, an MLX model folder, a Hugging Face repository id
-(``org/name``) or a name from ``edgespec models list`` (:func:`edgespec.models.resolve_model`
+(``org/name``) or a name from ``edgespec models list`` (:func:`edgespec.models.catalog.resolve_model`
 turns a name into a file). The CLI, the API, the bench and the MLX backend all ask here.
 """
 

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .errors import EdgespecError
+from ..errors import EdgespecError
 
-MANIFEST_DIR = Path(__file__).parent / "manifests"  # a link to the repository's models/
+MANIFEST_DIR = Path(__file__).parent.parent / "manifests"  # a link to the repository's models/
 
 
 def manifest_dirs() -> list[Path]:
@@ -358,3 +358,27 @@ def _verified(path: Path, manifest: Manifest) -> bool:
         return False
     return (mark.get("sha256") == manifest.sha256 and mark.get("size") == stat.st_size
             and mark.get("mtime_ns") == stat.st_mtime_ns)
+
+
+def model_fingerprint(target: str) -> str:
+    """A short hash of what a model argument names: a file's size and header (its
+    metadata), a folder's config and file sizes; a name not on disk by itself."""
+    h = hashlib.sha256()
+    try:
+        path = resolve_model(str(target), fetch=False)
+    except EdgespecError:  # a known name not downloaded, or a Hub id
+        path = Path(str(target)).expanduser()
+    try:
+        if path.is_file():
+            with open(path, "rb") as f:
+                h.update(f"{path.stat().st_size}|".encode() + f.read(1 << 20))
+        elif path.is_dir():
+            for item in sorted(path.iterdir()):
+                h.update(f"{item.name}|{item.stat().st_size}|".encode())
+                if item.name == "config.json":
+                    h.update(item.read_bytes())
+        else:
+            h.update(str(target).encode())
+    except OSError:
+        h.update(str(target).encode())
+    return h.hexdigest()[:16]

@@ -26,13 +26,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
+from ..calibration import save_calibration
 from ..costs import LONG_SIZES, CostModel
 from ..drafters.base import COPY, MODEL, Drafter
-from ..planner import DraftReport, Proposal, RoundResult
+from .base import DraftReport, Proposal, RoundResult
 from .budget import ExplorationBudget
 from .config import PolicyConfig
 from .estimates import AcceptanceTracker, Rates, StopRule
@@ -56,8 +58,9 @@ class AdaptivePlanner:
     """
 
     def __init__(self, drafters: Sequence[Drafter], cost: CostModel | None = None,
-                 config: PolicyConfig | None = None):
+                 config: PolicyConfig | None = None, *, keep_costs: Path | None = None):
         self.drafters = list(drafters)
+        self.keep_costs = keep_costs  # where close() saves what this run measured, for the next
         self.cost = cost or CostModel()
         self.config = config or PolicyConfig()
         self.max_draft = self.config.max_draft
@@ -100,15 +103,17 @@ class AdaptivePlanner:
         if key not in self.trackers:
             cfg = self.config
             name, _, bucket = key.partition(":")
-            if bucket:
+            kind = self._kinds.get(name, MODEL)
+            kind_prior = cfg.model_prior if kind == MODEL else cfg.copy_prior
+            if bucket:  # priors are by the kind of drafter and of draft, never by name
                 self.trackers[key] = AcceptanceTracker(
-                    cfg, cfg.priors.get(key, cfg.priors.get(name, cfg.model_prior)),
+                    cfg, cfg.priors.get(f"{kind}:{bucket}", kind_prior),
                     later_lift=cfg.continuation_lift, parent=self.tracker(name))
-            elif self._kinds.get(name, MODEL) == MODEL:
+            elif kind == MODEL:
                 self.trackers[key] = AcceptanceTracker(cfg, cfg.model_prior, offer_parent=self.confidence,
                                                        weight=cfg.model_prior_weight)
             else:  # a copying drafter, which classes its drafts (prompt lookup)
-                self.trackers[key] = AcceptanceTracker(cfg, cfg.priors.get(name, cfg.copy_prior))
+                self.trackers[key] = AcceptanceTracker(cfg, cfg.copy_prior)
         return self.trackers[key]
 
     # -- the planner interface -------------------------------------------------------
@@ -213,7 +218,10 @@ class AdaptivePlanner:
         self.cost.observe_target(num_tokens, seconds)
 
     def close(self) -> None:
-        """Nothing to free (the costs are saved by whoever loaded them)."""
+        """Keep what this run measured as the next run's prior (where ``keep_costs``
+        says, and if it measured)."""
+        if self.keep_costs is not None and self.cost.step_seconds is not None:
+            save_calibration(self.cost.as_prior(), self.keep_costs)
 
     def confidence_update(self, top_probs: np.ndarray) -> None:
         """Learn whether the target was confident about each token it committed."""

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from edgespec import greedy_verify, rejection_sample
-from edgespec.verify import runnable_drafts
+from edgespec.acceptance import runnable_drafts
 
 
 def sample(target, drafts, draft_probs, rng):

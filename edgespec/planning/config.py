@@ -27,20 +27,21 @@ class PolicyConfig:
     confidence_prior: float = 0.4  # the target's confidence before any token
     confidence_weight: float = 2.0
     confidence_decay: float = 0.95  # the target's confidence changes with the text: follow it
-    # α before evidence, by drafter and kind of draft. A copy (prompt lookup, and the
+    # α before evidence, by the kind of drafter (edgespec.drafters.base: "copy" or
+    # "model") and the kind of its draft (Draft.bucket). A copy (prompt lookup, the
     # suffix drafter where the context holds the longest match) is classed by how far
     # back its match reaches: 2 tokens is often a coincidence, 16 or more a copy in
     # progress; a copy picked up again just past where it broke off (an edit), however
     # short its match, is likely one too. The suffix drafter's other drafts are classed
     # by their empirical probability and first match (edgespec.drafters.suffix.confidence_bucket).
+    # A kind with no prior of its own here starts from the drafter kind's (copy_prior,
+    # model_prior).
     priors: dict[str, float] = field(default_factory=lambda: {
-        **{f"{name}:{bucket}": alpha for name in ("lookup", "suffix") for bucket, alpha in (
-            ("match2", 0.3), ("match3", 0.4), ("match4", 0.6), ("match8", 0.8),
-            ("match16", 0.85), ("match32", 0.9), ("resume", 0.7))},
-        "lookup": 0.5,
-        "suffix": 0.5, "suffix:maybe": 0.3, "suffix:maybe-long": 0.4, "suffix:likely": 0.4,
-        "suffix:likely-long": 0.5, "suffix:sure": 0.6, "suffix:sure-long": 0.8})
-    copy_prior: float = 0.5       # α of a copying drafter with no prior of its own above
+        "copy:match2": 0.3, "copy:match3": 0.4, "copy:match4": 0.6, "copy:match8": 0.8,
+        "copy:match16": 0.85, "copy:match32": 0.9, "copy:resume": 0.7,
+        "copy:maybe": 0.3, "copy:maybe-long": 0.4, "copy:likely": 0.4, "copy:likely-long": 0.5,
+        "copy:sure": 0.6, "copy:sure-long": 0.8})
+    copy_prior: float = 0.5       # α of a copying drafter's drafts with no prior of their own above
     # Believe a copying drafter's own chance, per token, that its copy holds (Draft.hold:
     # learned from where copies broke in this text) for a draft's later positions, rather
     # than one rate learned from verified drafts alone.

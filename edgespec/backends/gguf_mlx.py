@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import EdgespecError
-from .models import edgespec_home
+from ..errors import EdgespecError
+from ..models.catalog import edgespec_home
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 QUANTIZE_CHOICES = ("4bit", "8bit", "none")
@@ -175,7 +175,7 @@ def check_gguf_structure(gguf_path: Path) -> None:
     """Let llama.cpp's parser read the file first: it bounds every count by the
     file's size, where the ``gguf`` package would allocate whatever a (hostile)
     header declares, e.g. a metadata array of 2**40 elements."""
-    from .backends.gguf_tokenizer import GGUFTokenizer
+    from .gguf_tokenizer import GGUFTokenizer
     GGUFTokenizer.from_file(gguf_path).close()
 
 

@@ -181,7 +181,9 @@ def verify_round(logits: np.ndarray, draft_token_ids: Sequence[int], draft_probs
     ``position``: as for :func:`rejection_sample`. ``scratch``: where the
     target's rows are computed (the caller's, reused round after round).
 
-    (A backend whose logits stay on its device verifies there: ``Backend.verify``.)
+    This is :meth:`Backend.verify <edgespec.backends.base.Backend.verify>` for every
+    backend whose logits come to the host (:class:`HostVerify`); MLX's runs the same
+    rule on its device.
     """
     logits = np.asarray(logits)
     if draft_probs is not None and not isinstance(draft_probs, np.ndarray):
@@ -194,3 +196,14 @@ def verify_round(logits: np.ndarray, draft_token_ids: Sequence[int], draft_probs
     verdict = rejection_sample(target_probs, draft_token_ids, draft_probs, rng, draft_scales=draft_scales,
                                position=position)
     return verdict, target_probs.top(verdict.num_accepted + 1 if confidence else 0)
+
+
+class HostVerify:
+    """``Backend.verify`` of a backend whose logits come to the host: :func:`verify_round`."""
+
+    def verify(self, logits, draft_token_ids: Sequence[int], draft_probs, params: SamplingParams,
+               rng, *, draft_scales: np.ndarray | None = None, position: int = 0,
+               confidence: bool = True, scratch: Scratch | None = None) -> tuple[Verdict, np.ndarray]:
+        """The verdict on a round from this backend's rows of logits (see :func:`verify_round`)."""
+        return verify_round(logits, draft_token_ids, draft_probs, params, rng, draft_scales=draft_scales,
+                            confidence=confidence, scratch=scratch, position=position)

@@ -20,7 +20,7 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from .drafters.base import Draft, Drafter
+from ..drafters.base import Draft, Drafter
 
 
 @dataclass(frozen=True)

@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .backends.base import Backend
-from .drafters import DraftModel, PromptLookup
-from .drafters.base import Drafter
-from .drafters.suffix import SuffixDrafter
-from .errors import EdgespecError
-from .model_args import BACKENDS, pick_backend
-from .models import resolve_model
+from ..backends.base import Backend
+from ..drafters import DraftModel
+from ..drafters.base import Drafter
+from ..drafters.registry import BUILTIN, make_drafter
+from ..errors import EdgespecError
+from .arguments import BACKENDS, pick_backend
+from .catalog import resolve_model
 
 
 @dataclass
@@ -36,7 +36,7 @@ class BackendOptions:
             raise EdgespecError(f"invalid --mlx-quantize {self.mlx_quantize!r}: use 4bit, 8bit or none")
         if self.n_threads is not None and self.n_threads < 1:
             raise EdgespecError(f"invalid --threads {self.n_threads}: must be >= 1")
-        from .backends.rpc import parse_endpoints
+        from ..backends.rpc import parse_endpoints
         self.rpc = parse_endpoints(self.rpc)
         if self.rpc and self.backend == "mlx":
             raise EdgespecError("--rpc runs a model on llama.cpp's RPC backend, not on MLX: "
@@ -50,31 +50,27 @@ def load_backend(spec: str, options: BackendOptions, *, name: str | None = None)
     kind = pick_backend(spec, options.backend)
     if kind == "llama.cpp":
         path = resolve_model(spec, fetch=options.fetch)
-        from .backends.llamacpp import LlamaCppBackend
+        from ..backends.llamacpp import LlamaCppBackend
         return LlamaCppBackend(path, n_ctx=options.n_ctx, n_threads=options.n_threads,
                                n_gpu_layers=options.n_gpu_layers, flash_attn=options.flash_attn,
                                name=name or _display_name(spec), rpc=options.rpc)
-    from .backends.mlx_backend import load_mlx_backend
+    from ..backends.mlx_backend import load_mlx_backend
     return load_mlx_backend(spec, options, name=name or _display_name(spec))
-
-
-# Drafters that run no model, by the name -d takes.
-BUILTIN_DRAFTERS = {"lookup": PromptLookup, "suffix": SuffixDrafter}
 
 
 def load_drafter(spec: str | None, options: BackendOptions, *,
                  min_confidence: float | None = None) -> Drafter | None:
-    """``None``/``"none"``: no drafter; ``"lookup"``: prompt lookup; ``"suffix"``:
-    the suffix drafter (counts over the conversation and earlier ones); else a
-    draft model (stopping below ``min_confidence``, if given: --draft-p-min).
+    """``None``/``"none"``: no drafter; a name of :data:`~edgespec.drafters.registry.BUILTIN`
+    (``"lookup"``, ``"suffix"``, ...): that drafter; else a draft model (stopping below
+    ``min_confidence``, if given: --draft-p-min).
 
     The :class:`~edgespec.engine.Engine` checks a draft model's vocabulary
     against the target's.
     """
     if spec is None or spec == "none":
         return None
-    if spec in BUILTIN_DRAFTERS:
-        return BUILTIN_DRAFTERS[spec]()
+    if spec in BUILTIN:
+        return make_drafter(spec)
     return DraftModel(load_backend(spec, options), min_confidence=min_confidence or 0.0)
 
 
