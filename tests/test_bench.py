@@ -185,9 +185,22 @@ def test_sweep_on_tiny_models_and_its_json_schema(text_models, tmp_path):
     assert len(csv_path.read_text().splitlines()) == 1 + len(data["summary"])
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     # The recommendation is the best of what was measured (which one depends on this
-    # machine's timings): the rule itself is tested below.
+    # machine's timings): no setting's runs, over every set and temperature, have a
+    # better geometric mean than the recommended one's (or plain decoding's 1, where it
+    # recommends plain decoding).
     rec = data["recommendation"]
-    assert rec == recommend(data["summary"])
+    by_setting: dict[tuple, list[float]] = {}
+    for r in runs:
+        if r["mode"] != "plain":
+            name = auto_name if r["mode"] == "auto" else r["drafter"]
+            by_setting.setdefault((r["mode"], name, r["num_draft"]), []).append(r["speedup"])
+    best = max(statistics.geometric_mean(v) for v in by_setting.values())
+    if rec["mode"] == "plain":
+        assert best <= 1.0
+    else:
+        chosen = (rec["mode"], auto_name, 0) if rec["mode"] == "auto" else \
+            ("fixed", rec["drafter"], rec["num_draft"])
+        assert statistics.geometric_mean(by_setting[chosen]) == pytest.approx(best)
     if rec["mode"] == "fixed":
         assert (rec["drafter"], rec["num_draft"]) in {(name, k) for _, name, k in expected_fixed}
         assert rec["speedup"] > 1.0

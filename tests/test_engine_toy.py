@@ -47,15 +47,23 @@ def test_all_accepted_rounds_keep_the_drafter_aligned():
     assert spec.stats.rounds == 8 and spec.stats.plain_steps == 1  # 8 * 5 + 1 = 41
 
 
-def test_stats_add_up():
+def test_stats_count_what_the_rounds_did():
+    """The stats against a record of each round the planner heard of: drafts per
+    position, rounds and plain steps as they happened; accepted drafts exactly the
+    emitted tokens that came from drafts (accepted drafts after the finish uncounted)."""
     target, draft = toy_pair()
     engine = Engine(target, DraftModel(draft), num_draft=4)
+    rounds, observe = [], engine.planner.observe
+    engine.planner.observe = lambda result: (rounds.append(result), observe(result))
     g = engine.generate([3, 4, 5], SamplingParams(temperature=1.0, seed=7), max_tokens=60)
     s = g.stats
     assert s.generated_tokens == 60 == len(g.token_ids)
-    assert s.drafted == sum(s.drafted_per_position) and s.accepted == sum(s.accepted_per_position)
-    assert s.mean_accepted_length == pytest.approx(1 + s.accepted / s.rounds)
-    assert sum(g.from_draft) <= s.accepted  # tokens after a finish are never emitted
+    verified = [r for r in rounds if r.num_drafted]
+    assert s.rounds == len(verified) and s.plain_steps == len(rounds) - len(verified)
+    assert s.drafted == sum(r.num_drafted for r in verified)
+    assert s.drafted_per_position == [sum(r.num_drafted > i for r in verified) for i in range(4)]
+    assert s.accepted == sum(g.from_draft)  # accepted drafts after the finish never emitted
+    assert sum(r.num_accepted for r in verified) - s.accepted < 4  # (only the last round's)
     assert s.prompt_tokens == 3 and s.prompt_eval_tokens == 3
     assert s.tokens_per_second > 0 and s.decode_time_s >= s.draft_time_s
     assert s.to_dict()["acceptance_rate"] == s.acceptance_rate

@@ -10,7 +10,7 @@ import pytest
 
 from edgespec import Engine, PromptLookup, SamplingParams
 from edgespec.backends.toy import SimClock, ToyBackend
-from edgespec.costs import CostModel
+from edgespec.costs import LONG_SIZES, CostModel
 from edgespec.drafters.copying import CopyIndex, match_bucket
 from edgespec.drafters.suffix import SuffixDrafter
 from edgespec.planning import AdaptivePlanner, PolicyConfig
@@ -140,21 +140,31 @@ def copy_prompt() -> list[int]:
 
 def test_auto_drafts_long_where_long_passes_are_cheap_and_short_where_they_are_not():
     """The same copying reply, on a machine where a pass over n tokens costs about one
-    step (flat) and on one where each further token adds 0.7 of a step (linear)."""
-    longest = {}
+    step (flat) and on one where each further token adds 0.7 of a step (linear), beside
+    prompt lookup drafting a fixed 4 and 16 tokens on the same machine."""
+    longest, speed = {}, {}
     for grows in (0.01, 0.7):
-        clock = SimClock()
-        target = fibonacci_target(clock, grows * STEP)
         prior = {"v": {str(n): 1 + grows * (n - 1) for n in (2, 3, 4, 5, 8, 9)}, "c": {}}
-        planner = AdaptivePlanner([PromptLookup(max_ngram=8)], CostModel(prior), PolicyConfig())
-        engine = Engine(target, None, num_draft="auto", planner=planner, clock=clock)
-        prompt = copy_prompt()
-        auto = engine.generate(prompt, GREEDY, max_tokens=80)
-        plain = engine.generate(prompt, GREEDY, max_tokens=80, speculative=False)
-        assert auto.token_ids == plain.token_ids
-        speedup = auto.stats.tokens_per_second / plain.stats.tokens_per_second
-        assert speedup > 2 if grows < 0.1 else speedup >= 0.99
-        longest[grows] = len(auto.stats.drafted_per_position)  # positions ever drafted
+        for k in ("auto", 4, 16):
+            clock = SimClock()
+            planner = AdaptivePlanner([PromptLookup()], CostModel(prior), PolicyConfig()) \
+                if k == "auto" else None
+            engine = Engine(fibonacci_target(clock, grows * STEP), PromptLookup(), num_draft=k,
+                            planner=planner, clock=clock)
+            prompt = copy_prompt()
+            spec = engine.generate(prompt, GREEDY, max_tokens=80)
+            plain = engine.generate(prompt, GREEDY, max_tokens=80, speculative=False)
+            assert spec.token_ids == plain.token_ids
+            speed[grows, k] = spec.stats.decode_time_s / plain.stats.decode_time_s  # (lower: faster)
+            if k == "auto":
+                longest[grows] = len(spec.stats.drafted_per_position)  # positions ever drafted
+                steps = plain.stats.decode_time_s / STEP  # plain decoding's, a step each
+                budget = planner.config.explore_start + planner.config.explore_rate * 80
+    # Flat: auto drafts long and beats short fixed drafts. Linear: long fixed drafts lose
+    # to plain decoding; auto does not, beyond what its exploration budget may spend.
+    assert speed[0.01, "auto"] < speed[0.01, 4] < 1
+    assert speed[0.7, 16] > 1
+    assert speed[0.7, "auto"] * steps <= steps + budget
     # Copies break every 12 tokens. Where a longer pass costs next to nothing, drafts run
     # past that (the whole rest of the source is worth verifying); where each token costs
     # most of a step, they stop short of it, if they are made at all.
@@ -198,10 +208,10 @@ def test_the_long_passes_are_timed_once_per_machine_even_on_a_cached_prompt():
     first = AdaptivePlanner([PromptLookup(max_ngram=8)], CostModel(prior), PolicyConfig())
     engine.configure(None, "auto", first)
     stats = engine.generate(prompt, GREEDY, max_tokens=4).stats
-    assert {16, 32, 64} <= set(first.cost.measured_sizes())
+    assert set(LONG_SIZES) <= set(first.cost.measured_sizes())
     # The tail again (each long pass after a plain step, and one plain step after the
     # last), and the last token.
-    assert stats.prompt_eval_tokens == (1 + 16) + (1 + 32) + (1 + 64) + 1 + 1
+    assert stats.prompt_eval_tokens == sum(1 + n for n in LONG_SIZES) + 1 + 1
     saved = first.cost.as_prior()
     second = AdaptivePlanner([PromptLookup(max_ngram=8)], CostModel(saved), PolicyConfig())
     assert second.timing_wanted() == ()

@@ -183,14 +183,15 @@ def test_two_concurrent_clients_take_turns_and_both_are_right(served):
 
 def test_turns_are_fifo_and_bounded():
     async def scenario():
-        turns, order = Turns(1), []
+        turns, order, queued = Turns(1), [], asyncio.Event()
         await turns.acquire()  # a generation runs
         async def wait(name):
+            queued.set()  # (acquire() counts the waiter before it first yields)
             await turns.acquire()
             order.append(name)
             turns.release()
         waiter = asyncio.ensure_future(wait("first"))
-        await asyncio.sleep(0)  # (one pass of the event loop: the waiter is queued)
+        await queued.wait()  # the waiter ran up to its wait for the turn
         assert turns.waiting == 1
         with pytest.raises(ApiError) as full:
             await turns.acquire()
