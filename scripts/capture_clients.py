@@ -18,7 +18,8 @@ the tuning split, and ``client-val.json``, the validation split, written before 
 tuning on them): the messages as sent, the sampling fields the client set, and the
 conversation it belongs to. The jobs and their files are listed in
 ``scripts/client_jobs/jobs.json``; the files are real code under permissive licenses
-(Python's standard library, PSF; npm packages, MIT), kept as they were published.
+(Python's standard library, PSF; npm packages, MIT), kept as they were published (with
+``.txt`` added to their names: they are data here, not the project's code).
 
     /path/to/aider-venv/bin/pip install aider-chat
     python scripts/capture_clients.py --aider /path/to/aider-venv/bin/aider --split tuning
@@ -139,7 +140,7 @@ def start_server(model: str, port: int, ctx: int) -> subprocess.Popen:
 def run_aider(aider: str, job: dict, base: str, model: str) -> None:
     """Run aider once on a fresh copy of the job's file."""
     with tempfile.TemporaryDirectory() as tmp:
-        name = Path(job["file"]).name
+        name = source_name(job)
         shutil.copy(JOBS / job["file"], Path(tmp) / name)
         command = [aider, "--model", f"openai/{model}", "--openai-api-base", base,
                    "--openai-api-key", "none", "--edit-format", job["format"],
@@ -151,6 +152,11 @@ def run_aider(aider: str, job: dict, base: str, model: str) -> None:
         result = subprocess.run(command, cwd=tmp, env=env, capture_output=True, text=True,
                                 stdin=subprocess.DEVNULL, timeout=3600)
         sys.stderr.write(result.stdout[-1500:] + result.stderr[-1500:])
+
+
+def source_name(job: dict) -> str:
+    """The name of a job's file as the client sees it (stored with ``.txt`` added)."""
+    return Path(job["file"]).name.removesuffix(".txt")
 
 
 def run_chat(job: dict, base: str) -> None:
@@ -177,9 +183,9 @@ APPLY_SYSTEM = ("You apply code changes to files. You are given a file and a cod
 
 def run_apply(job: dict, base: str) -> None:
     """An editor's apply request: the file and the change, "rewrite the whole file"."""
-    path = JOBS / job["file"]
-    language = {".py": "python", ".js": "javascript"}.get(path.suffix, "")
-    user = (f"This is the file {path.name}:\n\n```{language}\n{path.read_text()}```\n\n"
+    path, name = JOBS / job["file"], source_name(job)
+    language = {".py": "python", ".js": "javascript"}.get(Path(name).suffix, "")
+    user = (f"This is the file {name}:\n\n```{language}\n{path.read_text()}```\n\n"
             f"Apply this change to it:\n\n```{language}\n{job['change']}\n```\n\n"
             f"Reply with the whole updated file.")
     body = {"messages": [{"role": "system", "content": APPLY_SYSTEM}, {"role": "user", "content": user}],
