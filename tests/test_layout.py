@@ -17,7 +17,7 @@ LAYERS = [
      "backends.simulated"},
     {"verify", "prompting", "gguf_mlx", "quantize", "backends.llamacpp", "backends.mlx_ops",
      "backends.mlx_backend"},
-    {"drafters", "drafters.base", "drafters.copying", "drafters.prompt_lookup", "drafters.suffix",
+    {"drafters", "drafters.base", "drafters.breaks", "drafters.copying", "drafters.prompt_lookup", "drafters.suffix",
      "drafters.draft_model", "ceiling"},
     {"planner", "costs", "calibration", "profiles"},
     {"policy", "policy.config", "policy.estimates", "policy.budget", "policy.planner"},
