@@ -13,8 +13,10 @@ DEFAULT_TEMPLATE = (
 
 def render_chat_template(template: str | None, messages: list[dict], *,
                          add_generation_prompt: bool = True, bos_token: str = "",
-                         eos_token: str = "", max_chars: int | None = None) -> str:
+                         eos_token: str = "", max_chars: int | None = None,
+                         tools: list[dict] | None = None) -> str:
     """Render ``messages`` (dicts with ``role`` and ``content``) to a prompt string.
+    ``tools``: OpenAI-style tool definitions, for templates with a tools section.
 
     The template is someone else's code: it runs sandboxed, a result longer
     than ``max_chars`` (what the context could hold) stops it as soon as it
@@ -30,7 +32,7 @@ def render_chat_template(template: str | None, messages: list[dict], *,
         pieces, length = [], 0
         for piece in env.from_string(template or DEFAULT_TEMPLATE).generate(
                 messages=messages, add_generation_prompt=add_generation_prompt,
-                bos_token=bos_token, eos_token=eos_token):
+                bos_token=bos_token, eos_token=eos_token, **({"tools": tools} if tools else {})):
             length += len(piece)
             if length > limit:
                 raise _TooLong()
@@ -43,6 +45,11 @@ def render_chat_template(template: str | None, messages: list[dict], *,
             AttributeError, RecursionError) as exc:
         raise EdgespecError(f"the model's chat template failed on these messages "
                             f"({type(exc).__name__}: {exc})") from None
+
+
+def template_has_tools(template: str | None) -> bool:
+    """Whether a chat template renders tool definitions (Qwen2.5's, Llama 3.1's ...)."""
+    return bool(template) and "tools" in template
 
 
 # Without a context to bound it (a caller that gives no max_chars), no chat template

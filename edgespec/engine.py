@@ -40,6 +40,7 @@ from .planning import DraftReport, FixedPlanner, Planner, Proposal, RoundResult
 from .planning.auto import auto_planner
 from .prompting import chat_prompt_ids, prompt_ids
 from .sampling import SamplingParams, Scratch, make_rng
+from .shaping import Shaping, token_logprobs
 from .stats import GenerationStats
 
 # Prompt tokens evaluated between two looks at a cancel (llama.cpp's default batch).
@@ -132,7 +133,8 @@ class Engine:
     def stream(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
                max_tokens: int = 256, stop: Sequence[str] = (), speculative: bool = True,
                rng: np.random.Generator | Coupling | None = None,
-               cancel: threading.Event | None = None) -> Iterator[Chunk]:
+               cancel: threading.Event | None = None, shaping: Shaping | None = None,
+               logprobs: int | None = None) -> Iterator[Chunk]:
         """Yield :class:`Chunk` objects as tokens are committed.
 
         Bad arguments raise here, before any work. The last chunk has
@@ -140,7 +142,10 @@ class Engine:
         :meth:`cancel` at any time after this call returns (even before the
         first chunk is read), leaves the engine ready for the next call.
         ``cancel``: an event of your own that ends this generation alone
-        when set (a server's per-request stop).
+        when set (a server's per-request stop). ``shaping``: logit bias, penalties
+        or a grammar (:class:`~edgespec.shaping.Shaping`), applied to the target's
+        distribution at every position, speculative or not. ``logprobs``: report
+        each token's log-probability and this many alternatives (``Chunk.logprobs``).
         """
         params = params or SamplingParams()
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
@@ -153,11 +158,18 @@ class Engine:
             raise EdgespecError(
                 f"the prompt has {len(prompt_ids)} tokens but the context holds {n_ctx}: "
                 f"shorten the prompt or raise --ctx")
+        if logprobs is not None and (not isinstance(logprobs, int) or isinstance(logprobs, bool)
+                                     or not 0 <= logprobs <= 20):
+            raise ValueError(f"invalid top_logprobs={logprobs!r}: must be an integer from 0 to 20")
+        if shaping is not None:
+            shaping = shaping if shaping.active else None
+            if shaping is not None:
+                shaping.start(self.target, len(prompt_ids))
         speculative = speculative and bool(self.active_drafters())
         stats = GenerationStats(drafter=self.drafter_name if speculative else "none",
                                 prompt_tokens=len(prompt_ids))
         run = Run(list(prompt_ids), params, rng or make_rng(params), max_tokens, speculative, stats,
-                   n_ctx, cancelled=cancel or threading.Event())
+                   n_ctx, cancelled=cancel or threading.Event(), shaping=shaping, logprobs=logprobs)
         with self._runs_lock:
             self._runs.add(run)
         return self._generation(run, stop)
@@ -190,11 +202,13 @@ class Engine:
         Renders them with the target's chat template. With ``stream=True`` it
         yields :class:`Chunk` objects, the last one with ``finish_reason`` and
         ``stats``; otherwise it returns the :class:`Generation`. Sampling
-        fields may be given directly (``temperature=0.7, top_p=0.9``).
+        fields may be given directly (``temperature=0.7, top_p=0.9``). ``tools``:
+        tool definitions for the chat template (OpenAI's shape).
         """
         self._check_open()
         params, options = sampling_from(params, options)
-        chunks = self.stream(chat_prompt_ids(self.target, messages), params, **options)
+        prompt = chat_prompt_ids(self.target, messages, tools=options.pop("tools", None))
+        chunks = self.stream(prompt, params, **options)
         return chunks if stream else collect(chunks)
 
     def close(self) -> None:
@@ -323,12 +337,19 @@ class Engine:
         # A drafter with extra vocabulary rows may propose an id the target lacks:
         # the target runs up to it, and the verifier rejects it for certain.
         runnable = runnable_drafts(draft.token_ids, self.target.vocab.size)
+        if run.shaping is not None:  # a draft the grammar refuses would be rejected for certain
+            runnable = run.shaping.admissible(ctx, draft.token_ids[:runnable])
         draft = draft.truncated(runnable + 1)  # nothing after such an id can be accepted
         logits = self.target_cache.verify_pass([ctx[-1], *draft.token_ids[:runnable]])  # [n, V]
+        if run.shaping is not None or run.logprobs is not None:  # (on the host)
+            logits = np.asarray(logits) if run.shaping is None else \
+                run.shaping.apply(logits, ctx, draft.token_ids[:runnable])
         verdict, top_probs = self.target.verify(logits, draft.token_ids, draft.probs, run.params, run.rng,
                                                 draft_scales=draft.scales, position=len(ctx),
                                                 confidence=self.planner.wants_confidence,
                                                 scratch=self._scratch)
+        if run.logprobs is not None:
+            run.token_logprobs += token_logprobs(logits, verdict.token_ids, run.logprobs)
         seconds = self._clock() - start
 
         self.planner.observe(RoundResult(

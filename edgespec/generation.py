@@ -12,6 +12,7 @@ import numpy as np
 from .coupling import Coupling
 from .detokenize import IncrementalDetokenizer, StopMatcher
 from .sampling import SamplingParams
+from .shaping import Shaping
 from .stats import GenerationStats
 
 
@@ -27,6 +28,10 @@ class Run:
     stats: GenerationStats
     n_ctx: int  # the context it may fill (Engine.n_ctx)
     finish_reason: str | None = None
+    shaping: Shaping | None = None  # a request's bias, penalties, grammar (None: none)
+    logprobs: int | None = None  # report log-probabilities, with this many alternatives
+    # With logprobs: per generated token, in order, what shaping.token_logprobs gives.
+    token_logprobs: list[dict] = field(default_factory=list)
     # Set by Engine.cancel() any time after the call that made this run returned.
     cancelled: threading.Event = field(default_factory=threading.Event)
 
@@ -45,6 +50,7 @@ class Chunk:
     from_draft: bool = False
     finish_reason: str | None = None  # "stop", "length" or "cancelled" on the last chunk
     stats: GenerationStats | None = None
+    logprobs: list[dict] | None = None  # with logprobs asked: an entry per token id
 
 
 @dataclass
@@ -56,6 +62,7 @@ class Generation:
     from_draft: list[bool]
     finish_reason: str
     stats: GenerationStats
+    logprobs: list[dict] | None = None  # with logprobs asked: an entry per token id
 
 
 _SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "seed")
@@ -70,13 +77,15 @@ def sampling_from(params: SamplingParams | None, options: dict) -> tuple[Samplin
 
 def collect(chunks: Iterator[Chunk]) -> Generation:
     """Run a stream to its end: the text, tokens and stats it yielded."""
-    texts, token_ids, from_draft = [], [], []
+    texts, token_ids, from_draft, logprobs = [], [], [], []
     for chunk in chunks:
         texts.append(chunk.text)
         token_ids.extend(chunk.token_ids)
         from_draft.extend([chunk.from_draft] * len(chunk.token_ids))
+        logprobs.extend(chunk.logprobs or [])
         if chunk.finish_reason is not None:
-            return Generation("".join(texts), token_ids, from_draft, chunk.finish_reason, chunk.stats)
+            return Generation("".join(texts), token_ids, from_draft, chunk.finish_reason, chunk.stats,
+                              None if chunk.logprobs is None else logprobs)
     raise AssertionError("stream ended without a final chunk")
 
 
@@ -90,7 +99,7 @@ def stream_text(run: Run, tokens: Iterator[tuple[int, bool]], token_bytes: Calla
     (its caches rewound) however the stream ends."""
     detok = IncrementalDetokenizer(token_bytes)
     matcher = StopMatcher(stop)
-    stopped = False
+    stopped, produced = False, 0
     try:
         while True:
             with models:  # the models are used only in here, and only while open
@@ -102,7 +111,9 @@ def stream_text(run: Run, tokens: Iterator[tuple[int, bool]], token_bytes: Calla
                     break
                 token, from_draft = item
                 text, stopped = matcher.feed(detok.add(token))
-            yield Chunk(text, [token], from_draft)
+                logprobs = None if run.logprobs is None else run.token_logprobs[produced:produced + 1]
+                produced += 1
+            yield Chunk(text, [token], from_draft, logprobs=logprobs)
             if stopped:
                 run.finish_reason = "stop"
                 break
@@ -110,4 +121,4 @@ def stream_text(run: Run, tokens: Iterator[tuple[int, bool]], token_bytes: Calla
         with models:
             tokens.close()  # runs the token loop's cleanup (cache rewind, timings)
     tail = "" if stopped else matcher.flush(detok.flush())
-    yield Chunk(tail, [], False, run.finish_reason, run.stats)
+    yield Chunk(tail, [], False, run.finish_reason, run.stats, logprobs=None if run.logprobs is None else [])

@@ -14,11 +14,13 @@ import uuid
 from dataclasses import dataclass, field
 
 from .drafters.registry import BUILTIN
+from .openai_fields import Extras, FieldError, parse_extras, split_tool_calls
 from .sampling import SamplingParams
 from .stats import GenerationStats
 
 DRAFTERS = (*BUILTIN, "model", "off")  # a request's speculative.drafter
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
+         "tool": "tool"}
 
 
 class ApiError(Exception):
@@ -49,6 +51,7 @@ class Request:
     model: str | None = None
     drafter: str | None = None     # a DRAFTERS name; None: the server's default
     num_draft: int | str | None = None  # k or "auto"; None: the server's default
+    extras: Extras = field(default_factory=Extras)  # response_format, tools, logprobs, ...
 
 
 def parse_request(body, kind: str, defaults: SamplingParams) -> Request:
@@ -62,12 +65,10 @@ def parse_request(body, kind: str, defaults: SamplingParams) -> Request:
     n = body.get("n", 1)
     if n not in (1, None):
         raise ApiError(400, "only n = 1 is supported", param="n")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if body.get(name) not in (None, 0, 0.0):
-            raise ApiError(400, f"{name} is not supported: exact speculative decoding samples the "
-                                f"model's own distribution", param=name)
-    if body.get("logprobs") not in (None, False) or body.get("tools") or body.get("logit_bias"):
-        raise ApiError(400, "logprobs, tools and logit_bias are not supported", param="logprobs")
+    try:
+        extras = parse_extras(body, kind)
+    except FieldError as exc:
+        raise ApiError(400, str(exc), param=exc.param) from None
     sampling = {name: body[key] for key, name in (("temperature", "temperature"), ("top_p", "top_p"),
                                                    ("top_k", "top_k"), ("min_p", "min_p"),
                                                    ("seed", "seed"))
@@ -92,7 +93,7 @@ def parse_request(body, kind: str, defaults: SamplingParams) -> Request:
         raise ApiError(400, "model must be a string", param="model")
     drafter, num_draft = _speculative(body.get("speculative"))
     return Request(kind, prompt, params, max_tokens, _stop(body.get("stop")), stream,
-                   bool(options.get("include_usage")), model, drafter, num_draft)
+                   bool(options.get("include_usage")), model, drafter, num_draft, extras)
 
 
 def param_of(exc: Exception) -> str | None:
@@ -114,9 +115,17 @@ def _messages(messages) -> list[dict]:
             raise ApiError(400, f"messages[{i}] must be an object", param=f"messages[{i}]")
         role = message.get("role")
         if role not in ROLES:
-            raise ApiError(400, f"messages[{i}] has role {role!r}: use system, user or assistant",
+            raise ApiError(400, f"messages[{i}] has role {role!r}: use system, user, assistant or tool",
                            param=f"messages[{i}].role")
         content = message.get("content")
+        calls = message.get("tool_calls") if role == "assistant" else None
+        if calls is not None and not (isinstance(calls, list) and all(
+                isinstance(c, dict) and isinstance(c.get("function"), dict)
+                and isinstance(c["function"].get("name"), str) for c in calls)):
+            raise ApiError(400, f"messages[{i}].tool_calls must be a list of function calls",
+                           param=f"messages[{i}].tool_calls")
+        if calls and content is None:
+            content = ""
         if isinstance(content, list):  # content parts: text only
             if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
                        for p in content):
@@ -125,7 +134,10 @@ def _messages(messages) -> list[dict]:
             content = "".join(p["text"] for p in content)
         if not isinstance(content, str):
             raise ApiError(400, f"messages[{i}] needs text content", param=f"messages[{i}].content")
-        out.append({"role": ROLES[role], "content": content})
+        out.append({"role": ROLES[role], "content": content,
+                    **({"tool_calls": calls} if calls else {}),
+                    **({"tool_call_id": message["tool_call_id"]}
+                       if role == "tool" and isinstance(message.get("tool_call_id"), str) else {})})
     return out
 
 
@@ -181,9 +193,17 @@ def finish(reason: str | None) -> str | None:
     return None if reason is None else "length" if reason == "length" else "stop"
 
 
-def usage(stats: GenerationStats) -> dict:
-    return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.generated_tokens,
-            "total_tokens": stats.prompt_tokens + stats.generated_tokens}
+def usage(stats: GenerationStats, request: Request | None = None) -> dict:
+    """OpenAI's usage; with a prediction, how many of its tokens the reply kept
+    (accepted drafts from it) and how many it drafted that the reply did not."""
+    out = {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.generated_tokens,
+           "total_tokens": stats.prompt_tokens + stats.generated_tokens}
+    if request is not None and request.extras.prediction is not None:
+        accepted = stats.accepted_per_drafter.get("prediction", 0)
+        out["completion_tokens_details"] = {
+            "accepted_prediction_tokens": accepted,
+            "rejected_prediction_tokens": stats.drafted_per_drafter.get("prediction", 0) - accepted}
+    return out
 
 
 def timings(stats: GenerationStats) -> dict:
@@ -199,29 +219,41 @@ def timings(stats: GenerationStats) -> dict:
 
 
 def response(request: Request, id: str, model: str, text: str, reason: str,
-             stats: GenerationStats) -> dict:
-    """A whole (non-streamed) chat completion or text completion."""
+             stats: GenerationStats, *, logprobs: dict | None = None) -> dict:
+    """A whole (non-streamed) chat completion or text completion (``logprobs``: the
+    choice's, shaped by :mod:`edgespec.openai_fields`)."""
     if request.kind == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                  "finish_reason": finish(reason)}
+        message = {"role": "assistant", "content": text}
+        calls = []
+        if request.extras.tools and request.extras.tool_choice != "none":
+            message["content"], calls = split_tool_calls(text)
+            if calls:
+                message["tool_calls"] = calls
+        choice = {"index": 0, "message": message, "logprobs": logprobs,
+                  "finish_reason": "tool_calls" if calls else finish(reason)}
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish(reason)}
+        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish(reason)}
     return {"id": id, "object": "chat.completion" if request.kind == "chat" else "text_completion",
             "created": int(time.time()), "model": model, "choices": [choice],
-            "usage": usage(stats), "timings": timings(stats)}
+            "usage": usage(stats, request), "timings": timings(stats)}
 
 
 def chunk(request: Request, id: str, model: str, text: str | None, *, from_draft: bool = False,
           reason: str | None = None, stats: GenerationStats | None = None,
-          first: bool = False) -> dict:
+          first: bool = False, logprobs: dict | None = None,
+          tool_calls: list[dict] | None = None) -> dict:
     """One streamed chunk. ``from_draft`` (an extra field) marks an accepted draft
-    token; the last chunk has the finish reason and the timings."""
+    token; the last chunk has the finish reason and the timings. ``tool_calls``: the
+    reply's calls, as one delta (each with its index)."""
     if request.kind == "chat":
         delta = {"role": "assistant", "content": text or ""} if first else \
             ({"content": text} if text else {})
-        choice = {"index": 0, "delta": delta, "finish_reason": finish(reason)}
+        if tool_calls:
+            delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(tool_calls)]
+        choice = {"index": 0, "delta": delta, "logprobs": logprobs,
+                  "finish_reason": "tool_calls" if tool_calls and reason else finish(reason)}
     else:
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish(reason)}
+        choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish(reason)}
     if text:
         choice["from_draft"] = from_draft
     data = {"id": id, "object": "chat.completion.chunk" if request.kind == "chat" else "text_completion",
@@ -234,4 +266,4 @@ def chunk(request: Request, id: str, model: str, text: str | None, *, from_draft
 def usage_chunk(request: Request, id: str, model: str, stats: GenerationStats) -> dict:
     """The extra last chunk ``stream_options.include_usage`` asks for (no choices)."""
     return {"id": id, "object": "chat.completion.chunk" if request.kind == "chat" else "text_completion",
-            "created": int(time.time()), "model": model, "choices": [], "usage": usage(stats)}
+            "created": int(time.time()), "model": model, "choices": [], "usage": usage(stats, request)}

@@ -6,8 +6,9 @@ from .backends.base import Backend
 
 
 def chat_prompt_ids(backend: Backend, messages: list[dict], *,
-                    add_generation_prompt: bool = True) -> list[int]:
+                    add_generation_prompt: bool = True, tools: list[dict] | None = None) -> list[int]:
     """Render ``messages`` with the model's chat template and tokenize them.
+    ``tools``: tool definitions for the template's tools section (OpenAI's shape).
 
     Special tokens in the template are parsed; the BOS token is added only
     when the vocabulary wants one and the template did not write it already.
@@ -15,7 +16,7 @@ def chat_prompt_ids(backend: Backend, messages: list[dict], *,
     check_messages(messages)
     limit = max_prompt_chars(backend)
     text = backend.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
-                                       max_chars=limit)
+                                       max_chars=limit, **({"tools": tools} if tools else {}))
     check_prompt_chars(text, backend)
     ids = backend.tokenize(text, add_bos=False, special=True)
     bos = backend.vocab.bos_token_id
@@ -33,7 +34,10 @@ def check_messages(messages) -> None:
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise EdgespecError(f"message {i} is a {type(message).__name__}, not a dict: {usage}")
-        if not isinstance(message.get("role"), str) or not isinstance(message.get("content"), str):
+        content = message.get("content")
+        if message.get("tool_calls") and content is None:  # (an assistant's call: no text)
+            content = ""
+        if not isinstance(message.get("role"), str) or not isinstance(content, str):
             raise EdgespecError(f"message {i} needs a string 'role' and a string 'content': {usage}")
 
 

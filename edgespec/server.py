@@ -30,12 +30,15 @@ from fastapi import FastAPI, Request as HttpRequest
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from .chat_template import template_has_tools
 from .drafters.base import MODEL, Drafter
+from .drafters.prediction import PredictedOutput
 from .drafters.registry import BUILTIN, make_drafter
 from .engine import Engine
 from .errors import EdgespecError
-from .openai_api import (ApiError, Request, chunk, new_id, param_of, parse_request, response,
-                         usage_chunk)
+from .openai_api import ApiError, Request, new_id, param_of, parse_request
+from .openai_fields import template_messages
+from .replies import stream_reply, whole_reply
 from .sampling import SamplingParams
 
 DEFAULT_QUEUE = 8
@@ -92,6 +95,7 @@ class Server:
         # What a request that does not say gets: as the server was started.
         self.default_drafter = "off" if started is None else \
             "model" if self.model_drafter else started.name
+        self.prediction = PredictedOutput()  # a request's prediction: one drafter, auto mode kept
         self.turns: Turns | None = None  # made on the server's event loop
         self.jobs: queue.Queue = queue.Queue()  # generations for the thread in work()
         # (finish reason, stats) of the latest generations, cancelled ones too.
@@ -115,10 +119,22 @@ class Server:
             k = request.num_draft or self.settings.num_draft
             if drafter is not engine.drafter or k != engine.num_draft:
                 engine.configure(drafter, k)
+        extras = request.extras
+        if extras.prediction is not None:  # drafted from, in auto mode, whatever else was asked
+            self.prediction.expect(engine.target.tokenize(extras.prediction, add_bos=False, special=False))
+            if engine.drafter is not self.prediction or engine.num_draft != "auto":
+                engine.configure(self.prediction, "auto")
+            speculative = True
         options = dict(max_tokens=request.max_tokens or engine.n_ctx, stop=request.stop,
-                       speculative=speculative, cancel=cancel)
+                       speculative=speculative, cancel=cancel, shaping=extras.shaping,
+                       logprobs=extras.logprobs)
         if request.kind == "chat":
-            return engine.chat(request.prompt, params=request.params, **options)
+            tools = extras.tools if extras.tool_choice != "none" else None
+            if tools and not template_has_tools(engine.target.chat_template()):
+                raise ApiError(400, f"{self.settings.model_names[0]}'s chat template has no tools "
+                                    f"section: this model cannot call tools", param="tools")
+            return engine.chat(template_messages(request.prompt), params=request.params, tools=tools,
+                               **options)
         return engine.stream(request.prompt, request.params, **options)
 
     async def run(self, request: Request) -> AsyncIterator:
@@ -252,10 +268,11 @@ def create_app(engine: Engine, settings: ServerSettings, *, worker_thread: bool 
         chunks = server.run(request)
         first = await chunks.__anext__()  # waits for a turn; errors still become statuses
         if request.stream:
-            return StreamingResponse(_sse(request, id, model, first, chunks),
+            return StreamingResponse(stream_reply(request, id, model, first, chunks, engine.target.token_bytes),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        return await _whole(request, id, model, first, chunks, http_request)
+        return await whole_reply(request, id, model, first, chunks, http_request,
+                                 engine.target.token_bytes)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(http_request: HttpRequest):
@@ -282,63 +299,6 @@ def create_app(engine: Engine, settings: ServerSettings, *, worker_thread: bool 
         return resources.files("edgespec").joinpath("web/chat.html").read_text(encoding="utf-8")
 
     return app
-
-
-async def _sse(request: Request, id: str, model: str, first, chunks) -> AsyncIterator[str]:
-    """Server-sent events: a chunk per token, the finish, usage if asked, ``[DONE]``."""
-    def event(data: dict) -> str:
-        return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
-
-    try:
-        if request.kind == "chat":
-            yield event(chunk(request, id, model, "", first=True))
-        item = first
-        while True:
-            if item.finish_reason is not None:
-                if item.text:
-                    yield event(chunk(request, id, model, item.text))
-                yield event(chunk(request, id, model, None, reason=item.finish_reason,
-                                  stats=item.stats))
-                if request.include_usage:
-                    yield event(usage_chunk(request, id, model, item.stats))
-                yield "data: [DONE]\n\n"
-                return
-            if item.text:
-                yield event(chunk(request, id, model, item.text, from_draft=item.from_draft))
-            try:
-                item = await chunks.__anext__()
-            except StopAsyncIteration:  # the server is shutting down mid-generation
-                return
-    finally:
-        await chunks.aclose()  # a client gone: its generation's cancel is set here
-
-
-async def _whole(request: Request, id: str, model: str, first, chunks, http_request):
-    """Collect a whole generation; a client that disconnects meanwhile cancels it."""
-    async def collect():
-        texts, item = [], first
-        while item.finish_reason is None:
-            texts.append(item.text)
-            item = await chunks.__anext__()
-        texts.append(item.text)
-        return response(request, id, model, "".join(texts), item.finish_reason, item.stats)
-
-    async def disconnected():
-        while (await http_request.receive())["type"] != "http.disconnect":
-            pass
-
-    result, gone = asyncio.ensure_future(collect()), asyncio.ensure_future(disconnected())
-    try:
-        await asyncio.wait({result, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in (gone, result):
-            if not task.done():
-                task.cancel()
-        await asyncio.gather(result, gone, return_exceptions=True)
-        await chunks.aclose()  # (a client gone: its generation's cancel is set here)
-    if result.cancelled():
-        return None  # nobody is listening
-    return result.result()
 
 
 def serve(engine: Engine, settings: ServerSettings, *, host: str, port: int) -> None:

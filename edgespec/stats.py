@@ -27,6 +27,8 @@ class GenerationStats:
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
     rounds_per_drafter: dict[str, int] = field(default_factory=dict)
+    drafted_per_drafter: dict[str, int] = field(default_factory=dict)
+    accepted_per_drafter: dict[str, int] = field(default_factory=dict)
     probes: int = 0  # auto mode: rounds tried while the estimates said they would lose
     prefill_time_s: float = 0.0
     draft_time_s: float = 0.0
@@ -63,8 +65,11 @@ class GenerationStats:
     def record_round(self, num_drafted: int, num_accepted: int, drafter: str = "") -> None:
         """Count one verified round (by ``drafter``, for the per-drafter tally)."""
         self.rounds += 1
+        self._last_drafter = drafter
         if drafter:
-            self.rounds_per_drafter[drafter] = self.rounds_per_drafter.get(drafter, 0) + 1
+            for counts, n in ((self.rounds_per_drafter, 1), (self.drafted_per_drafter, num_drafted),
+                              (self.accepted_per_drafter, num_accepted)):
+                counts[drafter] = counts.get(drafter, 0) + n
         self.drafted += num_drafted
         self.accepted += num_accepted
         for counts, n in ((self.drafted_per_position, num_drafted),
@@ -80,6 +85,9 @@ class GenerationStats:
         if unused <= 0:
             return
         self.accepted -= unused
+        last = getattr(self, "_last_drafter", "")
+        if last in self.accepted_per_drafter:
+            self.accepted_per_drafter[last] -= unused
         for position in range(round_accepted - unused, round_accepted):
             self.accepted_per_position[position] -= 1
 

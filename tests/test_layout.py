@@ -13,18 +13,19 @@ PACKAGE = ROOT / "edgespec"
 LAYERS = [
     {"errors", "coupling", "detokenize", "stats", "chat_template", "prompt_sets",
      "models", "models.arguments", "models.catalog"},
-    {"sampling", "cache", "compat", "backends", "backends.base", "backends.repack", "backends.rpc",
+    {"sampling", "shaping", "grammar", "cache", "compat", "backends", "backends.base", "backends.repack", "backends.rpc",
      "backends.llama_lib", "backends.gguf_tokenizer"},
     {"acceptance", "prompting", "quantize", "backends.llamacpp", "backends.mlx_ops",
      "backends.mlx_backend", "backends.gguf_mlx", "backends.toy", "backends.table", "backends.simulated"},
     {"drafters", "drafters.base", "drafters.breaks", "drafters.copying", "drafters.prompt_lookup",
-     "drafters.suffix", "drafters.draft_model", "drafters.scheduled", "drafters.last_line",
+     "drafters.suffix", "drafters.draft_model", "drafters.scheduled", "drafters.last_line", "drafters.prediction",
      "drafters.registry", "ceiling"},
     {"planning.base", "costs", "calibration", "profiles"},
     {"planning", "planning.config", "planning.estimates", "planning.budget", "planning.adaptive"},
     {"planning.auto"},
     {"engine", "generation"},
-    {"session", "models.loading", "api", "bench", "bench_report", "selfcheck", "openai_api", "server", "info"},
+    {"session", "models.loading", "api", "bench", "bench_report", "selfcheck", "openai_api", "openai_fields",
+     "replies", "server", "info"},
     {"cli_options", "chat_cli", "cli", "__main__", ""},
 ]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}

@@ -64,7 +64,7 @@ class Backend(Protocol):
     def token_text(self, token_id: int) -> str: ...  # the vocabulary's own spelling
 
     def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True,
-                            max_chars: int | None = None) -> str: ...
+                            max_chars: int | None = None, tools: list[dict] | None = None) -> str: ...
 
     def verify(self, logits, draft_token_ids: Sequence[int], draft_probs, params, rng, *,
                draft_scales=None, position: int = 0, confidence: bool = True,
@@ -89,9 +89,13 @@ class TokenizerMethods:
         return self.tokenizer.token_bytes(token_id)
 
     def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True,
-                            max_chars: int | None = None) -> str:
+                            max_chars: int | None = None, tools: list[dict] | None = None) -> str:
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
-                                                  max_chars=max_chars)
+                                                  max_chars=max_chars, **({"tools": tools} if tools else {}))
+
+    def chat_template(self) -> str | None:
+        """The model's Jinja chat template (None: it has none; ChatML is used)."""
+        return self.tokenizer.chat_template()
 
 
 def check_token_ids(tokens: Sequence[int], vocab_size: int) -> None:

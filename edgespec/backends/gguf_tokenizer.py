@@ -117,12 +117,12 @@ class GGUFTokenizer:
         return template.decode("utf-8") if template else None
 
     def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True,
-                            max_chars: int | None = None) -> str:
+                            max_chars: int | None = None, tools: list[dict] | None = None) -> str:
         from ..chat_template import render_chat_template
         return render_chat_template(
             self.chat_template(), messages, add_generation_prompt=add_generation_prompt,
             bos_token=self._special_text("bos"), eos_token=self._special_text("eos"),
-            max_chars=max_chars)
+            max_chars=max_chars, tools=tools)
 
     def _special_text(self, label: str) -> str:
         token = self.vocab.special_token_ids.get(label)

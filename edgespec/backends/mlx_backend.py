@@ -110,9 +110,10 @@ class MlxBackend(TokenizerMethods):
         in one synchronization (:func:`edgespec.backends.mlx_ops.verify_on_device`);
         the arguments are :func:`edgespec.acceptance.verify_round`'s (the device always
         reports the top probabilities: they cost nothing there). A round whose last draft
-        is an id this model lacks has one row fewer, and is decided on the host."""
+        is an id this model lacks has one row fewer, and rows already on the host (shaped by a
+        request's bias, penalties or grammar) are decided there too."""
         from .mlx_ops import verify_on_device
-        if len(logits) != len(draft_token_ids) + 1:
+        if isinstance(logits, np.ndarray) or len(logits) != len(draft_token_ids) + 1:
             return verify_round(np.array(logits, copy=False), draft_token_ids, draft_probs, params, rng,
                                 draft_scales=draft_scales, confidence=confidence, scratch=scratch,
                                 position=position)
@@ -177,14 +178,18 @@ class HFTokenizer:
             return bytes(self._byte_decoder[c] for c in piece)
         return piece.replace("\u2581", " ").encode()
 
+    def chat_template(self) -> str | None:
+        """The Jinja chat template of the tokenizer's folder, if any."""
+        return getattr(self.hf, "chat_template", None) or None
+
     def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True,
-                            max_chars: int | None = None) -> str:
+                            max_chars: int | None = None, tools: list[dict] | None = None) -> str:
         from ..chat_template import render_chat_template
         if not getattr(self.hf, "chat_template", None):
             return render_chat_template(None, messages, add_generation_prompt=add_generation_prompt,
-                                        max_chars=max_chars)
+                                        max_chars=max_chars, tools=tools)
         try:  # transformers' own sandboxed renderer (the caller bounds the result's length)
-            return self.hf.apply_chat_template(messages, tokenize=False,
+            return self.hf.apply_chat_template(messages, tokenize=False, tools=tools,
                                                add_generation_prompt=add_generation_prompt)
         except Exception as exc:  # the template is the model's code: whatever it raises
             raise EdgespecError(f"the model's chat template failed on these messages "

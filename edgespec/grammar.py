@@ -1,0 +1,165 @@
+"""Grammars that constrain a reply: JSON (any object, or a JSON schema), regular
+expressions, Lark grammars, through llguidance.
+
+llguidance (Microsoft's, the one llama.cpp can build with) was chosen over
+xgrammar for two measured reasons: its wheel needs nothing else (xgrammar's
+pulls in PyTorch), and its matcher validates a run of draft tokens and rolls back
+any number of tokens, which is what verifying a draft needs (the mask times are in
+docs/api.md). A :class:`Grammar` is a :class:`~edgespec.shaping.TokenRule`: the
+engine asks it how far a draft can go and for the mask of each verify row.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import weakref
+from typing import Sequence
+
+import numpy as np
+
+_TOKENIZERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
+SPECIAL = b"\xff"  # llguidance's mark of a special token (never matched as text)
+
+
+def tokenizer_of(target):
+    """llguidance's view of ``target``'s vocabulary: each token's bytes, special
+    tokens marked, built once per model (a 150k vocabulary takes about a second)."""
+    import llguidance
+    with _LOCK:
+        if target in _TOKENIZERS:
+            return _TOKENIZERS[target]
+        vocab = target.vocab
+        special = set(vocab.eos_token_ids) | set(vocab.special_token_ids.values())
+        if vocab.bos_token_id is not None:
+            special.add(vocab.bos_token_id)
+        tokens = []
+        for i in range(vocab.size):
+            piece = target.token_bytes(i)
+            if i in special or not piece:
+                piece = SPECIAL + target.token_text(i).encode("utf-8", "replace")
+            tokens.append(piece)
+        eos = min(vocab.eos_token_ids) if vocab.eos_token_ids else None
+        if eos is None:
+            raise ValueError("this model has no end-of-generation token: a grammar cannot end it")
+
+        class Vocabulary:  # what llguidance's TokenizerWrapper reads
+            eos_token_id, bos_token_id = eos, vocab.bos_token_id
+            special_token_ids = sorted(special)
+
+            def __init__(self):
+                self.tokens = tokens
+
+            def __call__(self, text):
+                if isinstance(text, bytes):
+                    text = text.decode("utf-8", "replace")
+                return target.tokenize(text, add_bos=False, special=False)
+
+        made = llguidance.LLTokenizer(llguidance.TokenizerWrapper(Vocabulary()),
+                                      eos_token=sorted(vocab.eos_token_ids))
+        _TOKENIZERS[target] = made
+        return made
+
+
+class Grammar:
+    """A grammar a reply must follow, in llguidance's terms.
+
+    Make one with :meth:`json_schema`, :meth:`json_object`, :meth:`regex` or
+    :meth:`lark`; a bad grammar raises ``ValueError`` saying why. One reply at a
+    time: :meth:`start` resets it.
+    """
+
+    def __init__(self, source: str, description: str):
+        import llguidance
+        try:
+            failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(source)
+        except Exception as exc:  # noqa: BLE001 - llguidance's own error, said plainly
+            failed, messages = True, [str(exc)]
+        if failed:
+            raise ValueError(f"invalid {description}: {messages[0] if messages else 'refused'}")
+        self.source, self.description = source, description
+        self._matcher = None
+        self._consumed = 0  # tokens of the reply the matcher has taken
+
+    @classmethod
+    def json_schema(cls, schema: dict, *, strict: bool = False) -> "Grammar":
+        """Output that is JSON matching ``schema``. ``strict``: OpenAI's strict mode
+        (no properties beyond those listed)."""
+        import llguidance
+        if not isinstance(schema, dict):
+            raise ValueError("invalid json_schema: the schema must be a JSON object")
+        options = {"whitespace_flexible": False}
+        if not strict:
+            options["lenient"] = True
+        else:
+            schema = {**schema, "additionalProperties": schema.get("additionalProperties", False)}
+        try:
+            source = llguidance.grammar_from("json_schema", json.dumps({**schema, "x-guidance": options}))
+        except Exception as exc:  # noqa: BLE001
+            raise ValueError(f"invalid json_schema: {exc}") from None
+        return cls(source, "json_schema")
+
+    @classmethod
+    def json_object(cls) -> "Grammar":
+        """Output that is one JSON object (any)."""
+        return cls.json_schema({"type": "object"})
+
+    @classmethod
+    def regex(cls, pattern: str) -> "Grammar":
+        """Output that matches the regular expression ``pattern``."""
+        import llguidance
+        return cls(llguidance.grammar_from("regex", pattern), "regex")
+
+    @classmethod
+    def lark(cls, grammar: str) -> "Grammar":
+        """Output that the Lark grammar ``grammar`` derives (llguidance's Lark dialect)."""
+        import llguidance
+        return cls(llguidance.grammar_from("lark", grammar), "grammar")
+
+    # -- a TokenRule --------------------------------------------------------------------
+
+    def start(self, target) -> None:
+        """A fresh matcher over ``target``'s vocabulary."""
+        import llguidance
+        self._matcher = llguidance.LLMatcher(tokenizer_of(target), self.source, log_level=0)
+        self._consumed = 0
+        self._check()
+
+    def sync(self, generated: Sequence[int]) -> None:
+        """Take the committed tokens the matcher has not seen yet."""
+        fresh = list(generated[self._consumed:])
+        if fresh:
+            self._matcher.consume_tokens(fresh)
+            self._consumed = len(generated)
+            self._check()
+
+    def admissible(self, drafts: Sequence[int]) -> int:
+        """How many leading drafts the grammar allows."""
+        if self._matcher.is_stopped():
+            return 0
+        return self._matcher.validate_tokens(list(drafts))
+
+    def masks(self, drafts: Sequence[int], vocab_size: int) -> np.ndarray:
+        """The allowed tokens after the reply and each prefix of ``drafts`` (which
+        :meth:`admissible` allowed), the matcher rolled back afterwards."""
+        matcher = self._matcher
+        out = np.zeros((len(drafts) + 1, vocab_size), dtype=bool)
+        taken = 0
+        try:
+            for i in range(len(drafts) + 1):
+                bits = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)
+                out[i] = np.unpackbits(bits, bitorder="little")[:vocab_size].astype(bool)
+                if i < len(drafts):
+                    if not matcher.consume_token(int(drafts[i])):
+                        raise ValueError(f"a draft the grammar refuses reached verification "
+                                         f"({matcher.get_error()})")
+                    taken += 1
+        finally:
+            if taken:
+                matcher.rollback(taken)
+        return out
+
+    def _check(self) -> None:
+        if self._matcher.is_error():
+            raise ValueError(f"the {self.description} failed: {self._matcher.get_error()}")
