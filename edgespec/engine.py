@@ -36,7 +36,8 @@ from .coupling import Coupling
 from .drafters.base import Draft, Drafter
 from .errors import EdgespecError
 from .generation import Chunk, Generation, Run, collect, sampling_from, stream_text
-from .planning import DraftReport, FixedPlanner, Planner, Proposal, RoundResult
+from .planning import FixedPlanner, Planner, RoundResult
+from .planning.base import DraftingRound, draft_round
 from .planning.auto import auto_planner
 from .prompting import chat_prompt_ids, prompt_ids
 from .sampling import SamplingParams, Scratch, make_rng
@@ -329,8 +330,11 @@ class Engine:
         # Draft no more than every model's context holds or the caller will use (the
         # target's own token after the drafts makes up the last one): the one check.
         limit = min(run.n_ctx - len(ctx), run.max_tokens - stats.generated_tokens - 1)
-        reports, verified, draft = self._draft(run, limit) if run.speculative and limit > 0 \
-            else ((), None, Draft([]))
+        drafting = draft_round(self.planner, ctx, limit, run.params, run.rng, self._clock) \
+            if run.speculative and limit > 0 else DraftingRound((), None, Draft([]), 0.0)
+        reports, verified, draft = drafting.reports, drafting.verified, drafting.draft
+        stats.draft_time_s += drafting.seconds
+        stats.probes += bool(verified and verified.probe)
         drafter = verified.drafter if verified else None
 
         start = self._clock()
@@ -363,25 +367,3 @@ class Engine:
             stats.verify_time_s += seconds
             drafter.accepted(verdict.num_accepted)
         return [(token, i < verdict.num_accepted) for i, token in enumerate(verdict.token_ids)]
-
-    def _draft(self, run: Run, limit: int) -> tuple[tuple[DraftReport, ...], Proposal | None, Draft]:
-        """Ask the planner's drafters, in the planner's order, for a draft worth
-        verifying: every report made, what of the last to verify (None: nothing),
-        and that draft."""
-        reports: list[DraftReport] = []
-        while (proposal := self.planner.plan(run.context, limit)) is not None:
-            drafter = proposal.drafter
-            start = self._clock()
-            caught_up = drafter.prefill(run.context)
-            proposed = self._clock()
-            draft = drafter.propose(run.context, proposal.num_draft, run.params, run.rng,
-                                   min_confidence=proposal.min_confidence)
-            done = self._clock()
-            run.stats.draft_time_s += done - start
-            reports.append(DraftReport(proposal, draft, caught_up, proposed - start, done - proposed))
-            verified = self.planner.review(reports[-1])
-            if verified is not None:
-                run.stats.probes += verified.probe
-                return tuple(reports), verified, draft.truncated(verified.num_draft)
-        return tuple(reports), None, Draft([])
-

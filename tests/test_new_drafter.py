@@ -19,7 +19,8 @@ from test_server import RunningServer
 
 openai = pytest.importorskip("openai")
 
-LIST = "Write the numbers from one to twelve as words, one per line, each line starting with '- '."
+# SmolLM2 answers this at T = 0 with <li> lines that start alike (16 drafted, 8 accepted).
+LIST = "Write an HTML unordered list of four colors."
 
 
 def test_the_example_drafter_repeats_the_line_before():

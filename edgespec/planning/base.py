@@ -1,9 +1,9 @@
 """The planning interface: the engine asks, a planner decides, a drafter proposes.
 
-Each round the engine asks its planner for a :class:`Proposal` (a drafter, how
-many tokens it may draft, and for a draft model where it stops), times the
-drafter's catch-up and proposal, hands the planner that :class:`DraftReport` and
-learns how much of the draft to verify (nothing: ask the planner again; it may
+Each round the engine calls :func:`draft_round`: it asks the planner for a
+:class:`Proposal` (a drafter, how many tokens it may draft, and for a draft model
+where it stops), times the drafter's catch-up and proposal, hands the planner that
+:class:`DraftReport` and learns how much of the draft to verify (nothing: ask the planner again; it may
 offer the next drafter on its list, or nothing, which makes the round a plain
 step). After the target's pass the planner hears the :class:`RoundResult`: the
 round's reports, what was verified and what came of it. A planner decides on
@@ -16,7 +16,7 @@ these plain facts alone, and sets nothing on a drafter.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -154,3 +154,38 @@ class FixedPlanner:
 
     def observe_pass(self, num_tokens: int, seconds: float) -> None:
         pass
+
+
+@dataclass(frozen=True)
+class DraftingRound:
+    """What drafting one round came to: every report made (in order), what of the
+    last one to verify (None: nothing, a plain step), that draft, and the seconds
+    the drafters took."""
+
+    reports: tuple[DraftReport, ...]
+    verified: Proposal | None
+    draft: Draft
+    seconds: float
+
+
+def draft_round(planner: Planner, context: Sequence[int], limit: int, params, rng,
+                clock: Callable[[], float]) -> DraftingRound:
+    """Ask ``planner``'s drafters, in the planner's order, for a draft worth verifying
+    (at most ``limit`` tokens): each drafter catches up with ``context`` and proposes,
+    timed by ``clock``, until the planner takes a draft or has nothing more to try."""
+    reports: list[DraftReport] = []
+    seconds = 0.0
+    while (proposal := planner.plan(context, limit)) is not None:
+        drafter = proposal.drafter
+        start = clock()
+        caught_up = drafter.prefill(context)
+        proposed = clock()
+        draft = drafter.propose(context, proposal.num_draft, params, rng,
+                                min_confidence=proposal.min_confidence)
+        done = clock()
+        seconds += done - start
+        reports.append(DraftReport(proposal, draft, caught_up, proposed - start, done - proposed))
+        verified = planner.review(reports[-1])
+        if verified is not None:
+            return DraftingRound(tuple(reports), verified, draft.truncated(verified.num_draft), seconds)
+    return DraftingRound(tuple(reports), None, Draft([]), seconds)
