@@ -25,7 +25,11 @@ and the replacement comes from the residual over the target's ids. The target
 cannot evaluate such an id, so the draft is verified only up to it:
 :func:`runnable_drafts` says how many drafts to run the target on, and the
 verifiers accept ``k`` rows of target probabilities (instead of ``k + 1``)
-when the last draft is out of the target's vocabulary.
+when the last draft is not run: out of the target's vocabulary, or refused by a
+request's grammar (:mod:`edgespec.shaping`), where p is 0 after the mask. It
+stays in the draft, rejected for certain, so that the replacement comes from
+the residual: cutting a draft model's draft at a token because of its value
+would not be exact.
 """
 
 from __future__ import annotations
@@ -70,9 +74,10 @@ def runnable_drafts(draft_token_ids: Sequence[int], vocab_size: int) -> int:
 def _check_rows(rows: int, draft_token_ids: Sequence[int], vocab_size: int) -> None:
     num_draft = len(draft_token_ids)
     runnable = runnable_drafts(draft_token_ids, vocab_size)
-    # The target runs on the last committed token and every draft it can evaluate.
-    expected = runnable + 1 if runnable >= num_draft - 1 else None
-    if rows != expected:
+    # The target runs on the last committed token and every draft it can evaluate;
+    # a last draft a request's grammar refuses is not run either (k rows: its p is 0).
+    expected = {runnable + 1, num_draft} if runnable >= num_draft - 1 else set()
+    if rows not in expected or rows < 1:
         raise ValueError(
             f"target rows: got {rows} for {num_draft} drafts; need k+1 = {num_draft + 1} "
             f"(or k when only the last draft is outside the target's vocabulary of {vocab_size})")

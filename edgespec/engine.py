@@ -341,8 +341,10 @@ class Engine:
         # A drafter with extra vocabulary rows may propose an id the target lacks:
         # the target runs up to it, and the verifier rejects it for certain.
         runnable = runnable_drafts(draft.token_ids, self.target.vocab.size)
-        if run.shaping is not None:  # a draft the grammar refuses would be rejected for certain
+        if run.shaping is not None:  # nor one a request's grammar refuses (its p is 0)
             runnable = run.shaping.admissible(ctx, draft.token_ids[:runnable])
+            if runnable and draft.token_ids[runnable - 1] in self.target.vocab.eos_token_ids:
+                draft = draft.truncated(runnable)  # (nothing after an end is ever committed)
         draft = draft.truncated(runnable + 1)  # nothing after such an id can be accepted
         logits = self.target_cache.verify_pass([ctx[-1], *draft.token_ids[:runnable]])  # [n, V]
         if run.shaping is not None or run.logprobs is not None:  # (on the host)

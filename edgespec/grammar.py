@@ -123,6 +123,7 @@ class Grammar:
         """A fresh matcher over ``target``'s vocabulary."""
         import llguidance
         self._matcher = llguidance.LLMatcher(tokenizer_of(target), self.source, log_level=0)
+        self._eos = target.vocab.eos_token_ids
         self._consumed = 0
         self._check()
 
@@ -135,26 +136,39 @@ class Grammar:
             self._check()
 
     def admissible(self, drafts: Sequence[int]) -> int:
-        """How many leading drafts the grammar allows."""
-        if self._matcher.is_stopped():
+        """How many leading drafts the grammar allows (an end token where the grammar
+        may end counts; nothing after it is ever committed)."""
+        matcher = self._matcher
+        if matcher.is_stopped():
             return 0
-        return self._matcher.validate_tokens(list(drafts))
+        drafts = [int(t) for t in drafts]
+        ends = [i for i, t in enumerate(drafts) if t in self._eos]
+        drafts = drafts[:ends[0] + 1] if ends else drafts
+        valid = matcher.validate_tokens(drafts[:-1] if ends else drafts)
+        if ends and valid == len(drafts) - 1:  # up to the end token: may the grammar end there?
+            matcher.consume_tokens(drafts[:valid])
+            valid += matcher.is_accepting()
+            if len(drafts) > 1:
+                matcher.rollback(len(drafts) - 1)
+        return valid
 
     def masks(self, drafts: Sequence[int], vocab_size: int) -> np.ndarray:
         """The allowed tokens after the reply and each prefix of ``drafts`` (which
-        :meth:`admissible` allowed), the matcher rolled back afterwards."""
+        :meth:`admissible` allowed), the matcher rolled back afterwards. A row after an
+        end token is never sampled from (the reply ends there): it allows anything."""
         matcher = self._matcher
-        out = np.zeros((len(drafts) + 1, vocab_size), dtype=bool)
+        out = np.ones((len(drafts) + 1, vocab_size), dtype=bool)
         taken = 0
         try:
             for i in range(len(drafts) + 1):
                 bits = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)
                 out[i] = np.unpackbits(bits, bitorder="little")[:vocab_size].astype(bool)
-                if i < len(drafts):
-                    if not matcher.consume_token(int(drafts[i])):
-                        raise ValueError(f"a draft the grammar refuses reached verification "
-                                         f"({matcher.get_error()})")
-                    taken += 1
+                if i == len(drafts) or int(drafts[i]) in self._eos:
+                    break
+                if not matcher.consume_token(int(drafts[i])):
+                    raise ValueError(f"a draft the grammar refuses reached verification "
+                                     f"({matcher.get_error()})")
+                taken += 1
         finally:
             if taken:
                 matcher.rollback(taken)

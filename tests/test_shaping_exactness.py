@@ -1,0 +1,164 @@
+"""A request's logit bias, penalties and grammar keep speculative decoding exact.
+
+The exact distribution of three-token continuations under the shaped target is
+enumerated (the shaping applied at every prefix, as plain decoding applies it),
+and samples through the engine, drafting, are compared with it by a chi-square
+test at significance 0.001 (exactness.SIGNIFICANCE), with fixed seeds. A broken
+variant, penalties counted from the committed text only (not the round's earlier
+drafts), must fail the same test.
+"""
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from edgespec import DraftModel, Engine, PromptLookup, SamplingParams
+from edgespec.backends.llamacpp import LlamaCppBackend
+from edgespec.backends.toy import ToyBackend
+from edgespec.grammar import Grammar
+from edgespec.prompting import chat_prompt_ids
+from edgespec.sampling import logits_to_probs
+from edgespec.shaping import Shaping
+from exactness import SIGNIFICANCE, chi_square_pvalue
+from greedy import assert_equal_up_to_a_near_tie
+
+pytest.importorskip("llguidance")
+
+VOCAB, EOS, LENGTH = 8, 7, 3
+PROMPT = [0, 1, 2, 0, 1]
+
+
+def penalties() -> Shaping:
+    return Shaping(presence_penalty=1.0, frequency_penalty=2.0)
+
+
+def biased() -> Shaping:
+    return Shaping(logit_bias={3: 4.0, 4: -100.0}, frequency_penalty=1.5)
+
+
+def grammar() -> Shaping:  # "a" or "bc", then letters a..f; the end token only when complete
+    return Shaping(rule=Grammar.regex("(a|bc)[a-f]*"))
+
+
+class CommittedOnly(Shaping):
+    """The broken variant: penalties from the committed text alone, as if the round's
+    earlier drafts had not been written before the rows that follow them."""
+
+    def apply(self, logits, context, drafts):
+        return super().apply(logits, context, [])
+
+
+def exact_shaped(backend, prompt, params, make_shaping, length=LENGTH):
+    """P(continuation) under the shaped target: shaping applied at every prefix."""
+    out, eos = {}, backend.vocab.eos_token_ids
+
+    def walk(prefix, prob):
+        if len(prefix) == length:
+            out[prefix] = prob
+            return
+        shaping = make_shaping()
+        shaping.start(backend, len(prompt))
+        backend.rewind(0)
+        logits = backend.forward(prompt + list(prefix), last_only=True)[-1:]
+        probs = logits_to_probs(shaping.apply(logits, prompt + list(prefix), []), params)[0]
+        for token in np.flatnonzero(probs > 0):
+            if int(token) in eos:
+                out[prefix] = out.get(prefix, 0.0) + prob * float(probs[token])
+            else:
+                walk(prefix + (int(token),), prob * float(probs[token]))
+
+    walk((), 1.0)
+    backend.rewind(0)
+    return out
+
+
+def sample_shaped(engine, prompt, params, make_shaping, num_samples, seed, length=LENGTH):
+    rng = np.random.default_rng(seed)
+    counts, drafted, accepted = Counter(), 0, 0
+    for _ in range(num_samples):
+        g = engine.generate(prompt, params, max_tokens=length, rng=rng, shaping=make_shaping())
+        counts[tuple(g.token_ids)] += 1
+        drafted, accepted = drafted + g.stats.drafted, accepted + g.stats.accepted
+    return counts, drafted, accepted
+
+
+def toy():
+    return ToyBackend.random(VOCAB, seed=1, scale=1.5, eos_token_id=EOS)
+
+
+@pytest.mark.parametrize("make_shaping, seed", [(penalties, 30), (biased, 31), (grammar, 32)],
+                         ids=["penalties", "bias", "grammar"])
+@pytest.mark.parametrize("drafter", ["model", "lookup"])
+def test_shaped_sampling_is_exact_on_the_toy_model(make_shaping, seed, drafter):
+    target = toy()
+    params = SamplingParams(temperature=1.0)
+    expected = exact_shaped(target, PROMPT, params, make_shaping)
+    unshaped = exact_shaped(target, PROMPT, params, Shaping)
+    assert expected.keys() != unshaped.keys() or any(  # the shaping really changes the target
+        abs(expected[k] - unshaped[k]) > 0.01 for k in expected)
+    made = DraftModel(target.perturbed(noise=1.0, seed=2)) if drafter == "model" else \
+        PromptLookup(min_ngram=1, max_ngram=3)
+    engine = Engine(target, made, num_draft=3)
+    counts, drafted, accepted = sample_shaped(engine, PROMPT, params, make_shaping, 12_000, seed)
+    assert 0 < accepted < drafted  # both outcomes of verification happened
+    assert chi_square_pvalue(counts, expected) > SIGNIFICANCE
+
+
+def test_penalties_counted_without_the_rounds_drafts_fail_the_same_test():
+    target = toy()
+    params = SamplingParams(temperature=1.0)
+    expected = exact_shaped(target, PROMPT, params, penalties)
+    engine = Engine(target, DraftModel(target.perturbed(noise=1.0, seed=2)), num_draft=3)
+    broken = lambda: CommittedOnly(presence_penalty=1.0, frequency_penalty=2.0)  # noqa: E731
+    counts, _, _ = sample_shaped(engine, PROMPT, params, broken, 12_000, 30)
+    assert chi_square_pvalue(counts, expected) < SIGNIFICANCE
+
+
+def test_every_output_follows_the_grammar():
+    target = toy()
+    engine = Engine(target, DraftModel(target.perturbed(noise=1.0, seed=2)), num_draft=4)
+    for seed in range(200):
+        g = engine.generate(PROMPT, SamplingParams(temperature=1.0, seed=seed), max_tokens=6,
+                            shaping=grammar())
+        text = "".join(chr(ord("a") + t) for t in g.token_ids)
+        assert text[:1] == "a" or text[:2] in ("b", "bc"), text
+        assert set(text[2:]) <= set("abcdef"), text
+
+
+def test_shaped_sampling_is_exact_on_llamacpp(tiny_gguf_pair):
+    """Penalties and bias through llama.cpp, a draft model drafting (chi-square, 0.001)."""
+    target = LlamaCppBackend(tiny_gguf_pair[0], n_ctx=64)
+    draft = LlamaCppBackend(tiny_gguf_pair[1], n_ctx=64)
+    prompt, params = [1, 4, 5, 6], SamplingParams(temperature=1.0, top_k=6)
+    make = lambda: Shaping(logit_bias={5: 2.0}, presence_penalty=1.5, frequency_penalty=1.0)  # noqa: E731
+    expected = exact_shaped(target, prompt, params, make)
+    engine = Engine(target, DraftModel(draft), num_draft=2)
+    counts, drafted, accepted = sample_shaped(engine, prompt, params, make, 5000, seed=22)
+    assert 0 < accepted < drafted
+    assert chi_square_pvalue(counts, expected) > SIGNIFICANCE
+    broken = lambda: CommittedOnly(logit_bias={5: 2.0}, presence_penalty=1.5, frequency_penalty=1.0)  # noqa: E731
+    counts, _, _ = sample_shaped(engine, prompt, params, broken, 5000, seed=22)
+    assert chi_square_pvalue(counts, expected) < SIGNIFICANCE
+    engine.close()
+
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+          "required": ["name", "age"]}
+
+
+@pytest.mark.parametrize("drafter", ["lookup", "auto"])
+def test_greedy_constrained_output_equals_plain_constrained_output(smollm2_path, drafter):
+    import json
+    import edgespec
+    engine = edgespec.load(str(smollm2_path), draft="lookup", n_ctx=1024,
+                           num_draft="auto" if drafter == "auto" else 4)
+    messages = [{"role": "user", "content": "Give a person's name and age as JSON."}]
+    make = lambda: Shaping(rule=Grammar.json_schema(SCHEMA))  # noqa: E731
+    plain = engine.chat(messages, stream=False, temperature=0, max_tokens=64, shaping=make(),
+                        speculative=False)
+    spec = engine.chat(messages, stream=False, temperature=0, max_tokens=64, shaping=make())
+    assert json.loads(plain.text).keys() == {"name", "age"}
+    prompt = chat_prompt_ids(engine.target, messages)
+    assert_equal_up_to_a_near_tie(engine, prompt, plain.token_ids, spec.token_ids)
+    engine.close()
