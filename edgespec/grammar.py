@@ -62,6 +62,20 @@ def tokenizer_of(target):
         return made
 
 
+def closed(schema):
+    """``schema`` with every object that does not say otherwise closed to properties
+    beyond those listed (``additionalProperties: false``), as OpenAI's strict mode has it."""
+    if isinstance(schema, list):
+        return [closed(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: closed(value) if key not in ("enum", "const", "default", "examples") else value
+           for key, value in schema.items()}
+    if (out.get("type") == "object" or "properties" in out) and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
 class Grammar:
     """A grammar a reply must follow, in llguidance's terms.
 
@@ -93,7 +107,7 @@ class Grammar:
         if not strict:
             options["lenient"] = True
         else:
-            schema = {**schema, "additionalProperties": schema.get("additionalProperties", False)}
+            schema = closed(schema)
         try:
             source = llguidance.grammar_from("json_schema", json.dumps({**schema, "x-guidance": options}))
         except Exception as exc:  # noqa: BLE001

@@ -55,6 +55,8 @@ def parse_extras(body: dict, kind: str) -> Extras:
         shaping = Shaping(_logit_bias(body.get("logit_bias")),
                           _number(body, "presence_penalty"), _number(body, "frequency_penalty"),
                           grammars[0] if grammars else None)
+    except FieldError:
+        raise
     except ValueError as exc:
         raise FieldError(str(exc), str(exc).removeprefix("invalid ").split("=")[0]) from None
     extras.shaping = shaping if shaping.active else None

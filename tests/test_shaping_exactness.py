@@ -37,8 +37,13 @@ def biased() -> Shaping:
     return Shaping(logit_bias={3: 4.0, 4: -100.0}, frequency_penalty=1.5)
 
 
+REGEX = None
+
+
 def grammar() -> Shaping:  # "a" or "bc", then letters a..f; the end token only when complete
-    return Shaping(rule=Grammar.regex("(a|bc)[a-f]*"))
+    global REGEX
+    REGEX = REGEX or Grammar.regex("(a|bc)[a-f]*")  # (one grammar, started afresh per reply)
+    return Shaping(rule=REGEX)
 
 
 class CommittedOnly(Shaping):
