@@ -80,7 +80,8 @@ def _check_rows(rows: int, draft_token_ids: Sequence[int], vocab_size: int) -> N
     if rows not in expected or rows < 1:
         raise ValueError(
             f"target rows: got {rows} for {num_draft} drafts; need k+1 = {num_draft + 1} "
-            f"(or k when only the last draft is outside the target's vocabulary of {vocab_size})")
+            f"(or k when the last draft was not run: outside the target's vocabulary of "
+            f"{vocab_size}, or refused by a grammar)")
 
 
 def rejection_sample(

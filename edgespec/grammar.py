@@ -31,7 +31,9 @@ def tokenizer_of(target):
         if target in _TOKENIZERS:
             return _TOKENIZERS[target]
         vocab = target.vocab
-        special = set(vocab.eos_token_ids) | set(vocab.special_token_ids.values())
+        # (the vocabulary's labelled tokens but its newline, which is text)
+        special = set(vocab.eos_token_ids) | {t for label, t in vocab.special_token_ids.items()
+                                              if label != "nl"}
         if vocab.bos_token_id is not None:
             special.add(vocab.bos_token_id)
         tokens = []
@@ -138,6 +140,7 @@ class Grammar:
         import llguidance
         self._matcher = llguidance.LLMatcher(tokenizer_of(target), self.source, log_level=0)
         self._eos = target.vocab.eos_token_ids
+        self._kept = None  # (tokens consumed, drafts, their masks) from admissible()
         self._consumed = 0
         self._check()
 
@@ -150,43 +153,59 @@ class Grammar:
             self._check()
 
     def admissible(self, drafts: Sequence[int]) -> int:
-        """How many leading drafts the grammar allows (an end token where the grammar
-        may end counts; nothing after it is ever committed)."""
-        matcher = self._matcher
-        if matcher.is_stopped():
-            return 0
+        """How many leading drafts the grammar allows: each checked against the mask of
+        its row (an end token where the grammar may end counts; nothing after it is
+        ever committed). The masks are kept for :meth:`masks`, which the same round
+        asks for next. (llguidance's own ``validate_tokens`` refused tokens its mask
+        allowed, e.g. the newline a tool call's template puts after ``<tool_call>``.)"""
         drafts = [int(t) for t in drafts]
-        ends = [i for i, t in enumerate(drafts) if t in self._eos]
-        drafts = drafts[:ends[0] + 1] if ends else drafts
-        valid = matcher.validate_tokens(drafts[:-1] if ends else drafts)
-        if ends and valid == len(drafts) - 1:  # up to the end token: may the grammar end there?
-            matcher.consume_tokens(drafts[:valid])
-            valid += matcher.is_accepting()
-            if len(drafts) > 1:
-                matcher.rollback(len(drafts) - 1)
+        masks = self._walk(drafts, stop_at_refused=True)
+        valid = len(masks) - 1
+        if valid < len(drafts) and drafts[valid] in self._eos and masks[valid][drafts[valid]]:
+            valid += 1
+        self._kept = (self._consumed, drafts[:valid], masks)
         return valid
 
     def masks(self, drafts: Sequence[int], vocab_size: int) -> np.ndarray:
         """The allowed tokens after the reply and each prefix of ``drafts`` (which
-        :meth:`admissible` allowed), the matcher rolled back afterwards. A row after an
-        end token is never sampled from (the reply ends there): it allows anything."""
-        matcher = self._matcher
+        :meth:`admissible` allowed). A row after an end token is never sampled from
+        (the reply ends there): it allows anything."""
+        drafts = [int(t) for t in drafts]
+        consumed, allowed, masks = self._kept or (None, None, None)
+        if consumed == self._consumed and allowed[:len(drafts)] == drafts and len(masks) > len(drafts):
+            rows = masks[:len(drafts) + 1]
+        else:
+            rows = self._walk(drafts, stop_at_refused=False)
         out = np.ones((len(drafts) + 1, vocab_size), dtype=bool)
-        taken = 0
+        for i, row in enumerate(rows):
+            out[i] = row[:vocab_size]
+        return out
+
+    def _walk(self, drafts: list[int], *, stop_at_refused: bool) -> list[np.ndarray]:
+        """The mask of each row along ``drafts`` (the matcher rolled back afterwards):
+        up to the first draft the grammar refuses (its row included) or an end token."""
+        matcher, rows, taken = self._matcher, [], 0
         try:
+            if matcher.is_stopped():
+                return [self._mask()]
             for i in range(len(drafts) + 1):
-                bits = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)
-                out[i] = np.unpackbits(bits, bitorder="little")[:vocab_size].astype(bool)
-                if i == len(drafts) or int(drafts[i]) in self._eos:
+                rows.append(self._mask())
+                if i == len(drafts) or drafts[i] in self._eos:
                     break
-                if not matcher.consume_token(int(drafts[i])):
+                if stop_at_refused and not rows[-1][drafts[i]]:
+                    break
+                if not matcher.consume_token(drafts[i]):
                     raise ValueError(f"a draft the grammar refuses reached verification "
                                      f"({matcher.get_error()})")
                 taken += 1
         finally:
             if taken:
                 matcher.rollback(taken)
-        return out
+        return rows
+
+    def _mask(self) -> np.ndarray:
+        bits = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8)
+        return np.unpackbits(bits, bitorder="little").astype(bool)
 
     def _check(self) -> None:
         if self._matcher.is_error():

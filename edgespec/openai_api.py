@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from .drafters.registry import BUILTIN
-from .openai_fields import Extras, FieldError, parse_extras, split_tool_calls
+from .openai_fields import Extras, FieldError, parse_extras, split_tool_calls, tool_names
 from .sampling import SamplingParams
 from .stats import GenerationStats
 
@@ -225,8 +225,8 @@ def response(request: Request, id: str, model: str, text: str, reason: str,
     if request.kind == "chat":
         message = {"role": "assistant", "content": text}
         calls = []
-        if request.extras.tools and request.extras.tool_choice != "none":
-            message["content"], calls = split_tool_calls(text)
+        if tool_names(request.extras):
+            message["content"], calls = split_tool_calls(text, tool_names(request.extras))
             if calls:
                 message["tool_calls"] = calls
         choice = {"index": 0, "message": message, "logprobs": logprobs,

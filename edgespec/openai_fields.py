@@ -14,6 +14,7 @@ import json
 import re
 import uuid
 from dataclasses import dataclass
+from typing import Sequence
 
 from .grammar import Grammar
 from .shaping import Shaping
@@ -196,22 +197,32 @@ def _tool_grammar(tools: list[dict] | None, choice) -> Grammar | None:
 
 
 _CALL = re.compile(re.escape(CALL_OPEN) + r"\s*(.*?)\s*" + re.escape(CALL_CLOSE), re.S)
+# A reply that is one call written as JSON, bare or fenced (what Qwen2.5-Coder writes
+# more often than its template's tags; llama.cpp's Hermes parser accepts it too).
+_BARE = re.compile(r"\A\s*(?:```(?:json)?\s*)?(\{.*\})\s*(?:```)?\s*\Z", re.S)
+STARTS = (CALL_OPEN, "```json", "{")  # how a reply that is a call begins
 
 
-def split_tool_calls(text: str) -> tuple[str | None, list[dict]]:
-    """The reply's text before its first call, and its calls in OpenAI's shape
-    (``{"id", "type": "function", "function": {"name", "arguments": json text}}``);
-    a call whose JSON does not parse stays in the text."""
+def split_tool_calls(text: str, names: Sequence[str]) -> tuple[str | None, list[dict]]:
+    """The reply's text before its first call, and its calls of the functions
+    ``names`` in OpenAI's shape (``{"id", "type": "function", "function": {"name",
+    "arguments": json text}}``); a call whose JSON does not parse stays in the text."""
+    matches = [(m.start(), m.group(1)) for m in _CALL.finditer(text)]
+    if not matches and (bare := _BARE.match(text)):
+        matches = [(0, bare.group(1))]
     calls, first = [], None
-    for match in _CALL.finditer(text):
+    for start, body in matches:
         try:
-            call = json.loads(match.group(1))
+            call = json.loads(body)
         except ValueError:
+            try:  # {{...}}: a template that shows its example call with Jinja's braces doubled
+                call = json.loads(body[1:-1]) if body.startswith("{{") and body.endswith("}}") else None
+            except ValueError:
+                continue
+        if not isinstance(call, dict) or call.get("name") not in names:
             continue
-        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-            continue
-        first = match.start() if first is None else first
-        arguments = call.get("arguments", {})
+        first = start if first is None else first
+        arguments = call.get("arguments", call.get("parameters", {}))
         calls.append({"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
                       "function": {"name": call["name"],
                                    "arguments": arguments if isinstance(arguments, str)
@@ -222,10 +233,17 @@ def split_tool_calls(text: str) -> tuple[str | None, list[dict]]:
     return content or None, calls
 
 
+def tool_names(extras: Extras) -> list[str]:
+    """The functions a reply may call (none with ``tool_choice: none``)."""
+    if not extras.tools or extras.tool_choice == "none":
+        return []
+    return [t["function"]["name"] for t in extras.tools]
+
+
 def may_be_call(text: str) -> bool:
     """Whether streamed text could still be the start of a tool call (held back)."""
     stripped = text.lstrip()
-    return CALL_OPEN.startswith(stripped) or stripped.startswith(CALL_OPEN)
+    return any(start.startswith(stripped) or stripped.startswith(start) for start in STARTS)
 
 
 def template_messages(messages: list[dict]) -> list[dict]:

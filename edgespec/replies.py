@@ -8,7 +8,7 @@ import json
 from typing import AsyncIterator
 
 from .openai_api import Request, chunk, response, usage_chunk
-from .openai_fields import chat_logprobs, completion_logprobs, may_be_call, split_tool_calls
+from .openai_fields import chat_logprobs, completion_logprobs, may_be_call, split_tool_calls, tool_names
 
 
 def logprobs_of(request: Request, entries: list[dict] | None, token_bytes, offset: int = 0) -> dict | None:
@@ -27,8 +27,8 @@ async def stream_reply(request: Request, id: str, model: str, first, chunks,
     def event(data: dict) -> str:
         return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
-    tools = request.kind == "chat" and bool(request.extras.tools) and request.extras.tool_choice != "none"
-    held, holding, whole, sent = "", tools, [], 0
+    names = tool_names(request.extras) if request.kind == "chat" else []
+    held, holding, whole, sent = "", bool(names), [], 0
     try:
         if request.kind == "chat":
             yield event(chunk(request, id, model, "", first=True))
@@ -41,7 +41,7 @@ async def stream_reply(request: Request, id: str, model: str, first, chunks,
                 if not may_be_call(held):
                     text, held, holding = held, "", False
             if item.finish_reason is not None:
-                calls = split_tool_calls("".join(whole))[1] if tools else []
+                calls = split_tool_calls("".join(whole), names)[1] if names else []
                 text += held if not calls else ""
                 if text:
                     yield event(chunk(request, id, model, text))

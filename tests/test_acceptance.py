@@ -76,8 +76,10 @@ def test_accepted_prefix_then_exactly_one_token():
 
 
 def test_shape_mismatch_is_a_clear_error():
-    with pytest.raises(ValueError, match="k\\+1"):
-        rejection_sample(np.ones((2, 3)) / 3, [0, 1], None, np.random.default_rng(0))
+    # (k rows for k drafts are right when the last was not run: a grammar refused it)
+    for rows in (1, 4):
+        with pytest.raises(ValueError, match="k\\+1"):
+            rejection_sample(np.ones((rows, 3)) / 3, [0, 1], None, np.random.default_rng(0))
 
 
 def test_single_position_acceptance_probability_is_sum_of_min():

@@ -1,0 +1,105 @@
+"""Tool calling and structured output through ``edgespec serve`` on the Qwen2.5-Coder
+pair (slow: 1.6 GB of weights), with the real ``openai`` client: a call, the tool's
+result, the final answer, streamed and not; JSON schemas; a prediction drafted from."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from edgespec import load
+from json_schemas import SCHEMAS
+from test_server import RunningServer
+
+pytestmark = pytest.mark.slow
+openai = pytest.importorskip("openai")
+jsonschema = pytest.importorskip("jsonschema")
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}
+ASK = [{"role": "user", "content": "What is the weather in Paris right now?"}]
+
+
+@pytest.fixture(scope="module")
+def served():
+    engine = load("qwen2.5-coder-1.5b-instruct", draft="qwen2.5-coder-0.5b-instruct",
+                  n_ctx=4096, num_draft="auto", fetch=True)
+    running = RunningServer(engine)
+    yield running
+    running.stop()
+    engine.close()
+
+
+def create(served, **fields):
+    return served.client().chat.completions.create(
+        model=served.settings.model_names[0], temperature=0, max_tokens=200, **fields)
+
+
+def streamed_calls(stream) -> tuple[str, list[dict], str]:
+    """The text, tool calls (assembled from their deltas) and finish reason of a stream."""
+    text, calls, reason = "", {}, None
+    for chunk in stream:
+        if not chunk.choices:
+            continue
+        choice = chunk.choices[0]
+        text += choice.delta.content or ""
+        for delta in choice.delta.tool_calls or []:
+            call = calls.setdefault(delta.index, {"id": "", "name": "", "arguments": ""})
+            call["id"] += delta.id or ""
+            call["name"] += delta.function.name or ""
+            call["arguments"] += delta.function.arguments or ""
+        reason = choice.finish_reason or reason
+    return text, [calls[i] for i in sorted(calls)], reason
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("choice", ["auto", "required"])
+def test_a_tool_round_trip(served, stream, choice):
+    if stream:
+        text, calls, reason = streamed_calls(create(served, messages=ASK, tools=[WEATHER],
+                                                    tool_choice=choice, stream=True))
+    else:
+        reply = create(served, messages=ASK, tools=[WEATHER], tool_choice=choice)
+        reason = reply.choices[0].finish_reason
+        calls = [{"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
+                 for c in reply.choices[0].message.tool_calls or []]
+    assert reason == "tool_calls" and len(calls) >= 1
+    assert calls[0]["name"] == "get_weather"
+    assert "paris" in json.loads(calls[0]["arguments"])["city"].lower()
+    history = ASK + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": calls[0]["id"], "type": "function",
+             "function": {"name": "get_weather", "arguments": calls[0]["arguments"]}}]},
+        {"role": "tool", "tool_call_id": calls[0]["id"], "content": '{"celsius": 17, "sky": "cloudy"}'}]
+    final = create(served, messages=history, tools=[WEATHER], tool_choice="none")  # the answer now
+    assert final.choices[0].finish_reason == "stop"
+    assert "17" in final.choices[0].message.content
+
+
+def test_a_named_function_is_called(served):
+    reply = create(served, messages=[{"role": "user", "content": "Hello!"}], tools=[WEATHER],
+                   tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    call = reply.choices[0].message.tool_calls[0]
+    assert call.function.name == "get_weather" and "city" in json.loads(call.function.arguments)
+
+
+def test_twenty_json_schemas_on_qwen(served):
+    for i, (what, schema) in enumerate(SCHEMAS):
+        reply = create(served, messages=[{"role": "user", "content": f"Reply with {what} as JSON."}],
+                       response_format={"type": "json_schema", "json_schema": {
+                           "name": f"s{i}", "schema": schema, "strict": True}})
+        jsonschema.validate(json.loads(reply.choices[0].message.content), schema)
+
+
+def test_a_prediction_is_mostly_accepted_on_an_edit(served):
+    source = "\n".join(f"def f{i}(x):\n    return x + {i}\n" for i in range(12))
+    messages = [{"role": "user", "content": f"Rename f3 to g3 in this file and give the whole "
+                                            f"file back, nothing else:\n```python\n{source}```"}]
+    predicted = create(served, messages=messages, max_tokens=400,
+                       extra_body={"prediction": {"type": "content", "content": source}})
+    details = predicted.usage.completion_tokens_details
+    assert details.accepted_prediction_tokens > predicted.usage.completion_tokens // 2
+    # (How much faster: scripts/bench_prediction.py, a benchmark, not a timed test.)
