@@ -318,6 +318,7 @@ class Engine:
         reports, verified, draft = self._draft(run, limit) if run.speculative and limit > 0 \
             else ((), None, Draft([]))
         drafter = verified.drafter if verified else None
+        run.draft_kind = drafter.kind if drafter else None  # (what this round's tokens come from)
 
         start = self._clock()
         # A drafter with extra vocabulary rows may propose an id the target lacks:

@@ -27,6 +27,7 @@ class Run:
     stats: GenerationStats
     n_ctx: int  # the context it may fill (Engine.n_ctx)
     finish_reason: str | None = None
+    draft_kind: str | None = None  # the kind of drafter (COPY, MODEL) of the latest round, or None
     # Set by Engine.cancel() any time after the call that made this run returned.
     cancelled: threading.Event = field(default_factory=threading.Event)
 
@@ -37,7 +38,8 @@ class Chunk:
 
     ``token_ids`` are the tokens committed with it (one per chunk, except the
     final chunk, which carries none but has ``finish_reason`` and ``stats``).
-    ``from_draft`` is True when the token was an accepted draft.
+    ``from_draft`` is True when the token was an accepted draft, and ``draft_kind``
+    then says what kind of drafter drafted it (``"copy"`` or ``"model"``).
     """
 
     text: str
@@ -45,6 +47,7 @@ class Chunk:
     from_draft: bool = False
     finish_reason: str | None = None  # "stop", "length" or "cancelled" on the last chunk
     stats: GenerationStats | None = None
+    draft_kind: str | None = None
 
 
 @dataclass
@@ -102,7 +105,7 @@ def stream_text(run: Run, tokens: Iterator[tuple[int, bool]], token_bytes: Calla
                     break
                 token, from_draft = item
                 text, stopped = matcher.feed(detok.add(token))
-            yield Chunk(text, [token], from_draft)
+            yield Chunk(text, [token], from_draft, draft_kind=run.draft_kind if from_draft else None)
             if stopped:
                 run.finish_reason = "stop"
                 break

@@ -195,7 +195,8 @@ def timings(stats: GenerationStats) -> dict:
             "predicted_n": stats.generated_tokens, "predicted_ms": predicted_ms,
             "predicted_per_second": stats.tokens_per_second,
             "draft_n": stats.drafted, "draft_n_accepted": stats.accepted,
-            "drafter": stats.drafter}
+            "drafter": stats.drafter, "draft_rounds": stats.rounds,
+            "draft_rounds_per_drafter": dict(stats.rounds_per_drafter)}
 
 
 def response(request: Request, id: str, model: str, text: str, reason: str,
@@ -213,9 +214,10 @@ def response(request: Request, id: str, model: str, text: str, reason: str,
 
 def chunk(request: Request, id: str, model: str, text: str | None, *, from_draft: bool = False,
           reason: str | None = None, stats: GenerationStats | None = None,
-          first: bool = False) -> dict:
+          first: bool = False, draft_kind: str | None = None) -> dict:
     """One streamed chunk. ``from_draft`` (an extra field) marks an accepted draft
-    token; the last chunk has the finish reason and the timings."""
+    token, and ``draft_kind`` ("copy" or "model") what kind of drafter drafted it;
+    the last chunk has the finish reason and the timings."""
     if request.kind == "chat":
         delta = {"role": "assistant", "content": text or ""} if first else \
             ({"content": text} if text else {})
@@ -224,6 +226,8 @@ def chunk(request: Request, id: str, model: str, text: str | None, *, from_draft
         choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish(reason)}
     if text:
         choice["from_draft"] = from_draft
+        if from_draft and draft_kind:
+            choice["draft_kind"] = draft_kind
     data = {"id": id, "object": "chat.completion.chunk" if request.kind == "chat" else "text_completion",
             "created": int(time.time()), "model": model, "choices": [choice]}
     if stats is not None:

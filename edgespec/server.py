@@ -23,11 +23,10 @@ import socket
 import sys
 import threading
 from dataclasses import dataclass
-from importlib import resources
 from typing import AsyncIterator
 
 from fastapi import FastAPI, Request as HttpRequest
-from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from .drafters.base import MODEL, Drafter
@@ -36,6 +35,7 @@ from .engine import Engine
 from .errors import EdgespecError
 from .openai_api import (ApiError, Request, chunk, new_id, param_of, parse_request, response,
                          usage_chunk)
+from .page import add_page_routes
 from .sampling import SamplingParams
 
 DEFAULT_QUEUE = 8
@@ -277,10 +277,7 @@ def create_app(engine: Engine, settings: ServerSettings, *, worker_thread: bool 
         return {"status": "ok", "generating": bool(turns and turns.busy),
                 "waiting": turns.waiting if turns else 0}
 
-    @app.get("/", response_class=HTMLResponse)
-    async def page():
-        return resources.files("edgespec").joinpath("web/chat.html").read_text(encoding="utf-8")
-
+    add_page_routes(app)  # the chat page at / and its files under /assets/
     return app
 
 
@@ -304,7 +301,8 @@ async def _sse(request: Request, id: str, model: str, first, chunks) -> AsyncIte
                 yield "data: [DONE]\n\n"
                 return
             if item.text:
-                yield event(chunk(request, id, model, item.text, from_draft=item.from_draft))
+                yield event(chunk(request, id, model, item.text, from_draft=item.from_draft,
+                                  draft_kind=item.draft_kind))
             try:
                 item = await chunks.__anext__()
             except StopAsyncIteration:  # the server is shutting down mid-generation
