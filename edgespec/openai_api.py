@@ -187,10 +187,12 @@ def usage(stats: GenerationStats) -> dict:
 
 
 def timings(stats: GenerationStats) -> dict:
-    """llama-server's ``timings``, plus the drafter edgespec used."""
+    """llama-server's ``timings`` (``cache_n``: prompt tokens reused from the KV cache),
+    plus the drafter edgespec used."""
     predicted_ms = stats.decode_time_s * 1000
     prompt_ms = stats.prefill_time_s * 1000
-    return {"prompt_n": stats.prompt_eval_tokens, "prompt_ms": prompt_ms,
+    return {"cache_n": stats.cached_prompt_tokens,
+            "prompt_n": stats.prompt_eval_tokens, "prompt_ms": prompt_ms,
             "prompt_per_second": stats.prefill_tokens_per_second,
             "predicted_n": stats.generated_tokens, "predicted_ms": predicted_ms,
             "predicted_per_second": stats.tokens_per_second,

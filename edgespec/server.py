@@ -15,8 +15,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import hmac
-import json
+import logging
 import queue
 import signal
 import socket
@@ -33,10 +32,13 @@ from .drafters.base import MODEL, Drafter
 from .drafters.registry import BUILTIN, make_drafter
 from .engine import Engine
 from .errors import EdgespecError
+from .metrics import Metrics, log, log_generation
+from .native_routes import add_native_routes
 from .openai_api import (ApiError, Request, chunk, new_id, param_of, parse_request, response,
                          usage_chunk)
 from .page import add_page_routes
 from .sampling import SamplingParams
+from .server_http import OPEN_PATHS, authorize, read_json, sse, started, whole
 
 DEFAULT_QUEUE = 8
 _END = object()
@@ -96,6 +98,8 @@ class Server:
         self.jobs: queue.Queue = queue.Queue()  # generations for the thread in work()
         # (finish reason, stats) of the latest generations, cancelled ones too.
         self.finished: collections.deque = collections.deque(maxlen=64)
+        self.metrics = Metrics(lambda: (int(bool(self.turns and self.turns.busy)),
+                                        self.turns.waiting if self.turns else 0))
 
     # -- one request --------------------------------------------------------------------
 
@@ -128,7 +132,14 @@ class Server:
         The generation runs as a job of :meth:`work`; the turn passes on only
         when that job has finished.
         """
-        await self.turns.acquire()
+        waits = self.turns.busy
+        try:
+            await self.turns.acquire()
+        except ApiError:
+            self.metrics.count("rejected")
+            raise
+        if waits:
+            self.metrics.count("queued")
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         cancel = threading.Event()
@@ -144,8 +155,9 @@ class Server:
                 except ApiError as exc:
                     put(exc)
                     return
-                except (EdgespecError, ValueError) as exc:  # a bad request: 400
-                    put(ApiError(400, str(exc), param=param_of(exc)))
+                except (EdgespecError, ValueError) as exc:  # a bad request (its prompt, mostly): 400
+                    put(ApiError(400, str(exc), param=param_of(exc) or
+                                 ("messages" if request.kind == "chat" else "prompt")))
                     return
                 except Exception as exc:  # noqa: BLE001 - a 500 for the request, not a dead worker
                     put(exc)
@@ -154,6 +166,8 @@ class Server:
                     for item in chunks:
                         if item.finish_reason is not None:
                             self.finished.append((item.finish_reason, item.stats))
+                            self.metrics.generation(item.stats, item.finish_reason)
+                            log_generation(request.kind, item.finish_reason, item.stats)
                         put(item)
                 except Exception as exc:  # noqa: BLE001 - handed to the request
                     put(exc)
@@ -226,36 +240,19 @@ def create_app(engine: Engine, settings: ServerSettings, *, worker_thread: bool 
         return error_response(ApiError(500, f"internal error ({type(error).__name__}: {error})",
                                        type="server_error"))
 
-    def authorize(http_request: HttpRequest) -> None:
-        if settings.api_key is None:
-            return
-        header = http_request.headers.get("authorization", "")
-        given = header.removeprefix("Bearer ").strip() if header.startswith("Bearer ") else ""
-        if not hmac.compare_digest(given.encode(), settings.api_key.encode()):
-            raise ApiError(401, "missing or wrong API key: send Authorization: Bearer KEY",
-                           code="invalid_api_key")
-
-    async def body_of(http_request: HttpRequest) -> dict:
-        try:
-            return json.loads(await http_request.body())
-        except (ValueError, RecursionError):
-            raise ApiError(400, "the request body is not valid JSON") from None
-
     async def complete(http_request: HttpRequest, kind: str):
-        authorize(http_request)
-        request = parse_request(await body_of(http_request), kind, settings.defaults)
-        if request.model not in (None, "", *settings.model_names):
-            raise ApiError(404, f"the model {request.model!r} is not served here: use "
-                                f"{settings.model_names[0]!r} (see /v1/models)",
-                           param="model", code="model_not_found")
+        authorize(settings.api_key, http_request)
+        request = parse_request(await read_json(http_request), kind, settings.defaults)
+        # Whatever model a request names, the one model serves it (as in llama-server).
         model, id = settings.model_names[0], new_id(kind)
-        chunks = server.run(request)
-        first = await chunks.__anext__()  # waits for a turn; errors still become statuses
+        stream = await started(server.run(request))  # waits for a turn; errors become statuses
         if request.stream:
-            return StreamingResponse(_sse(request, id, model, first, chunks),
+            return StreamingResponse(_sse(request, id, model, stream),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        return await _whole(request, id, model, first, chunks, http_request)
+        return await whole(stream, http_request, lambda chunks: response(
+            request, id, model, "".join(c.text for c in chunks), chunks[-1].finish_reason,
+            chunks[-1].stats))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(http_request: HttpRequest):
@@ -267,76 +264,40 @@ def create_app(engine: Engine, settings: ServerSettings, *, worker_thread: bool 
 
     @app.get("/v1/models")
     async def models(http_request: HttpRequest):
-        authorize(http_request)
+        authorize(settings.api_key, http_request)
         return {"object": "list", "data": [{"id": settings.model_names[0], "object": "model",
-                                            "created": 0, "owned_by": "edgespec"}]}
+                                            "created": 0, "owned_by": "edgespec",
+                                            "meta": {"n_ctx": engine.n_ctx}}]}
 
-    @app.get("/health")
+    @app.get(OPEN_PATHS[0])
+    @app.get(OPEN_PATHS[1])
     async def health():
         turns = server.turns
         return {"status": "ok", "generating": bool(turns and turns.busy),
                 "waiting": turns.waiting if turns else 0}
 
+    add_native_routes(app, server)
     add_page_routes(app)  # the chat page at / and its files under /assets/
     return app
 
 
-async def _sse(request: Request, id: str, model: str, first, chunks) -> AsyncIterator[str]:
+async def _sse(request: Request, id: str, model: str, stream) -> AsyncIterator[str]:
     """Server-sent events: a chunk per token, the finish, usage if asked, ``[DONE]``."""
-    def event(data: dict) -> str:
-        return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
-
     try:
         if request.kind == "chat":
-            yield event(chunk(request, id, model, "", first=True))
-        item = first
-        while True:
-            if item.finish_reason is not None:
-                if item.text:
-                    yield event(chunk(request, id, model, item.text))
-                yield event(chunk(request, id, model, None, reason=item.finish_reason,
-                                  stats=item.stats))
-                if request.include_usage:
-                    yield event(usage_chunk(request, id, model, item.stats))
-                yield "data: [DONE]\n\n"
-                return
+            yield sse(chunk(request, id, model, "", first=True))
+        async for item in stream:
             if item.text:
-                yield event(chunk(request, id, model, item.text, from_draft=item.from_draft,
-                                  draft_kind=item.draft_kind))
-            try:
-                item = await chunks.__anext__()
-            except StopAsyncIteration:  # the server is shutting down mid-generation
-                return
+                yield sse(chunk(request, id, model, item.text, from_draft=item.from_draft,
+                                draft_kind=item.draft_kind))
+            if item.finish_reason is not None:
+                yield sse(chunk(request, id, model, None, reason=item.finish_reason,
+                                stats=item.stats))
+                if request.include_usage:
+                    yield sse(usage_chunk(request, id, model, item.stats))
+                yield "data: [DONE]\n\n"
     finally:
-        await chunks.aclose()  # a client gone: its generation's cancel is set here
-
-
-async def _whole(request: Request, id: str, model: str, first, chunks, http_request):
-    """Collect a whole generation; a client that disconnects meanwhile cancels it."""
-    async def collect():
-        texts, item = [], first
-        while item.finish_reason is None:
-            texts.append(item.text)
-            item = await chunks.__anext__()
-        texts.append(item.text)
-        return response(request, id, model, "".join(texts), item.finish_reason, item.stats)
-
-    async def disconnected():
-        while (await http_request.receive())["type"] != "http.disconnect":
-            pass
-
-    result, gone = asyncio.ensure_future(collect()), asyncio.ensure_future(disconnected())
-    try:
-        await asyncio.wait({result, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in (gone, result):
-            if not task.done():
-                task.cancel()
-        await asyncio.gather(result, gone, return_exceptions=True)
-        await chunks.aclose()  # (a client gone: its generation's cancel is set here)
-    if result.cancelled():
-        return None  # nobody is listening
-    return result.result()
+        await stream.aclose()  # a client gone: its generation's cancel is set here
 
 
 def serve(engine: Engine, settings: ServerSettings, *, host: str, port: int) -> None:
@@ -346,6 +307,11 @@ def serve(engine: Engine, settings: ServerSettings, *, host: str, port: int) -> 
     (or a test) that reads it can connect at once; ``port=0`` picks a free port.
     """
     import uvicorn
+    if not log.handlers:  # a line per request on stderr, as llama-server prints its timings
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("edgespec: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
     if host not in ("127.0.0.1", "localhost", "::1") and settings.api_key is None:
         print(f"edgespec: warning: serving on {host} without --api-key: anyone who can reach "
               f"this machine can use the model", file=sys.stderr)

@@ -27,6 +27,8 @@ class GenerationStats:
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
     rounds_per_drafter: dict[str, int] = field(default_factory=dict)
+    drafted_per_drafter: dict[str, int] = field(default_factory=dict)
+    accepted_per_drafter: dict[str, int] = field(default_factory=dict)
     probes: int = 0  # auto mode: rounds tried while the estimates said they would lose
     prefill_time_s: float = 0.0
     draft_time_s: float = 0.0
@@ -56,6 +58,12 @@ class GenerationStats:
         return self.generated_tokens / self.decode_time_s if self.decode_time_s > 0 else 0.0
 
     @property
+    def cached_prompt_tokens(self) -> int:
+        """Prompt tokens reused from the KV cache: those the prefill did not evaluate
+        (llama-server's ``cache_n``)."""
+        return max(self.prompt_tokens - self.prompt_eval_tokens, 0)
+
+    @property
     def prefill_tokens_per_second(self) -> float:
         """Prompt tokens evaluated on the target per second of prefill."""
         return self.prompt_eval_tokens / self.prefill_time_s if self.prefill_time_s > 0 else 0.0
@@ -63,8 +71,11 @@ class GenerationStats:
     def record_round(self, num_drafted: int, num_accepted: int, drafter: str = "") -> None:
         """Count one verified round (by ``drafter``, for the per-drafter tally)."""
         self.rounds += 1
+        self._last_drafter = drafter  # (whose accepted drafts unaccept() takes back)
         if drafter:
-            self.rounds_per_drafter[drafter] = self.rounds_per_drafter.get(drafter, 0) + 1
+            for tally, n in ((self.rounds_per_drafter, 1), (self.drafted_per_drafter, num_drafted),
+                             (self.accepted_per_drafter, num_accepted)):
+                tally[drafter] = tally.get(drafter, 0) + n
         self.drafted += num_drafted
         self.accepted += num_accepted
         for counts, n in ((self.drafted_per_position, num_drafted),
@@ -80,6 +91,9 @@ class GenerationStats:
         if unused <= 0:
             return
         self.accepted -= unused
+        drafter = getattr(self, "_last_drafter", "")
+        if drafter:
+            self.accepted_per_drafter[drafter] -= unused
         for position in range(round_accepted - unused, round_accepted):
             self.accepted_per_position[position] -= 1
 

@@ -24,8 +24,8 @@ LAYERS = [
     {"planning", "planning.config", "planning.estimates", "planning.budget", "planning.adaptive"},
     {"planning.auto"},
     {"engine", "generation"},
-    {"session", "models.loading", "api", "bench", "bench_report", "selfcheck", "openai_api", "page",
-     "server", "info"},
+    {"session", "models.loading", "api", "bench", "bench_report", "selfcheck", "openai_api", "server", "info",
+     "llama_api", "metrics", "server_http", "native_routes", "page"},
     {"cli_options", "chat_cli", "cli", "__main__", ""},
 ]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
