@@ -394,10 +394,15 @@ def test_settings_are_sent_and_the_server_uses_them(session):
     assert chunks[-1]["timings"]["drafter"] == "lookup"
     set_settings(page, system="", temperature="", top_p="", top_k="", min_p="", max_tokens=SHORT,
                  seed="", drafter="", num_draft="")
+    # Cleared, a field shows the server's default (/props), and sends nothing.
     css(page, "#open-settings")[0].click()
     form = css(page, "#settings-form")[0]
-    assert form.find_element("name", "temperature").get_attribute("value") == ""
-    assert form.find_element("name", "temperature").get_attribute("placeholder")  # the server's default
+    temperature = form.find_element("name", "temperature")
+    assert temperature.get_attribute("value") == "" and temperature.get_attribute("placeholder") == "0"
+    assert form.find_element("name", "num_draft").get_attribute("placeholder") == "4"
+    options = {o.get_attribute("value"): o.text for o in form.find_elements("css selector", "select option")}
+    assert set(options) == {"", "lookup", "suffix", "lastline", "model", "off"}
+    assert "(model)" in options[""] and served.app.state.server.model_drafter.name in options["model"]
     css(page, "#save-settings")[0].click()
 
 

@@ -1,13 +1,14 @@
 // The settings sent with each request, kept in this browser. An empty field sends
 // nothing, so the server's default holds; the form shows that default greyed, as
-// /props reports it (where the server has /props), or says "server default".
+// /props reports it, or says "server default" (a server without /props).
 
 const KEY = "edgespec-settings";
 const NUMBERS = ["temperature", "top_p", "top_k", "min_p", "max_tokens", "seed"];
 const FIELDS = ["system", ...NUMBERS, "drafter", "num_draft"];
-const DRAFTERS = [["lookup", "lookup (copies from the conversation)"],
-                  ["suffix", "suffix (copies, counted over conversations)"],
-                  ["model", "the draft model"], ["off", "off (plain decoding)"]];
+// Without /props: what every edgespec server takes ("model" only with a draft model loaded).
+const DRAFTERS = [["lookup", "copies from the conversation"],
+                  ["suffix", "copies, counted over conversations"],
+                  ["model", "the draft model, if one is loaded"], ["off", "plain decoding"]];
 
 export function load() {
   try {
@@ -19,31 +20,26 @@ export function load() {
 
 export function save(settings) { localStorage.setItem(KEY, JSON.stringify(settings)); }
 
-// The server's defaults from /props: {fields: {name: value}, drafter, numDraft, draftModel}.
+// The server's defaults from /props (llama-server's params, and edgespec's
+// speculative: {drafters: {name: description}, drafter, num_draft, draft_model}).
 export function serverDefaults(props) {
   const params = props?.default_generation_settings?.params || {};
   const speculative = props?.speculative || {};
   const fields = {temperature: params.temperature, top_p: params.top_p, top_k: params.top_k,
                   min_p: params.min_p, seed: params.seed, max_tokens: params.n_predict,
                   num_draft: speculative.num_draft};
-  if (!(fields.max_tokens > 0)) delete fields.max_tokens;  // llama-server's -1: no limit
-  if (fields.seed === -1 || fields.seed === 4294967295) delete fields.seed;  // (random)
-  return {known: Boolean(props), fields, drafter: speculative.drafter,
-          draftModel: speculative.draft_model ?? speculative.model ?? null,
-          drafters: speculative.drafters || null};
+  if (!(fields.max_tokens > 0)) delete fields.max_tokens;  // -1: until the context is full
+  if (!(fields.seed >= 0)) delete fields.seed;  // -1: none
+  return {fields, drafter: speculative.drafter, drafters: speculative.drafters || null};
 }
 
 // Fill the form with the settings, and the server's defaults as placeholders.
 export function fill(form, settings, defaults) {
   const select = form.elements.drafter;
+  const choices = defaults.drafters ? Object.entries(defaults.drafters) : DRAFTERS;
   select.replaceChildren(new Option(
-    `auto: the server's choice${defaults.drafter ? ` (${defaults.drafter})` : ""}`, ""));
-  for (const [value, label] of DRAFTERS) {
-    if (value === "model" && defaults.known && !defaults.draftModel) continue;  // none loaded
-    const text = value === "model" ? (defaults.draftModel ? `the draft model (${defaults.draftModel})`
-                                                          : "the draft model (if one is loaded)") : label;
-    select.append(new Option(text, value));
-  }
+    `auto: the server's default${defaults.drafter ? ` (${defaults.drafter})` : ""}`, ""));
+  for (const [value, label] of choices) select.append(new Option(`${value}: ${label}`, value));
   for (const name of FIELDS) {
     const input = form.elements[name];
     input.value = settings[name] ?? "";

@@ -107,9 +107,11 @@ export function statsLine(message, model, measurePlain) {
     line.append(item("mean_length", `mean accepted length <b>${f.mean_length === null ? "–" : num(f.mean_length, 2)}</b>`,
                      "tokens committed per verifying pass: 1 + accepted / rounds"));
   }
-  const chosen = f.chosen && Object.entries(f.chosen).map(([name, n]) => `${esc(name)} ×${n}`).join(", ");
+  // Auto mode's choices: the rounds each of its drafters drafted.
+  const chosen = f.drafter.startsWith("auto") && f.chosen
+    && Object.entries(f.chosen).map(([name, n]) => `${esc(name)} ×${n}`).join(", ");
   line.append(item("drafter", `drafter <b>${esc(f.drafter)}</b>${chosen ? " → " + chosen : ""}`,
-                   "the drafter asked for; after the arrow, the rounds each drafter drafted"));
+                   chosen ? "auto mode's drafters; after the arrow, the rounds each drafted" : ""));
   line.append(sparkline(message.pieces || []));
   return line;
 }
