@@ -8,13 +8,11 @@ The tests marked ``browser`` are steps of one browser session, run in order:
 ``python -m pytest -q -m browser tests/test_chat_page.py`` (about 2 minutes on 2 cores).
 The default suite runs the headers' test and one short reply in the browser. Both skip
 where chromium or chromedriver is missing (``apt install chromium chromium-driver``).
-``EDGESPEC_SCREENSHOTS=docs`` also writes the page's screenshots there.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import threading
@@ -134,8 +132,12 @@ def served(engine):
 
 
 def wait(page, condition, timeout=180):
+    """``condition(page)`` once truthy (the page redraws a conversation as it changes:
+    an element found a moment ago may be gone, and is looked for again)."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
-    return WebDriverWait(page, timeout).until(condition)
+    return WebDriverWait(page, timeout, ignored_exceptions=[StaleElementReferenceException]) \
+        .until(condition)
 
 
 def css(page, selector):
@@ -166,13 +168,12 @@ def send(page, text):
 
 def finished_reply(page, before_id):
     """The newest reply, once it differs from ``before_id`` and is no longer streaming."""
-    def done(p):
-        reply = last_assistant(p)
-        if reply is None or reply.get_attribute("data-id") == before_id:
-            return False
-        classes = reply.get_attribute("class")
-        return reply if "streaming" not in classes and css(p, "#stop")[0].get_attribute("hidden") else False
-    return wait(page, done)
+    reply_id = wait(page, lambda p: p.execute_script("""
+        const replies = document.querySelectorAll("#messages article.assistant");
+        const last = replies[replies.length - 1];
+        return last && last.dataset.id !== arguments[0] && !last.classList.contains("streaming")
+            && document.getElementById("stop").hidden && last.dataset.id;""", before_id))
+    return css(page, f'article[data-id="{reply_id}"]')[0]
 
 
 def stat(reply, name):
@@ -240,6 +241,40 @@ def test_the_page_and_its_files_have_their_types_and_cache_rules(served):
     for path in ("/assets/../server.py", "/assets/%2e%2e/page.py", "/assets/js/nothing.js",
                  "/assets/vendor", "/assets/.hidden.js"):
         assert httpx.get(served.url + path).status_code == 404, path
+
+
+def uncarried(chunks: list[dict], drafted_tokens: int) -> int:
+    """Accepted drafts that no token chunk carries: 1 where the reply ended on an accepted
+    draft of the end token (counted in draft_n_accepted, never sent as text), else 0."""
+    final = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]][-1]
+    missing = final["timings"]["draft_n_accepted"] - drafted_tokens
+    assert missing == 0 or final["choices"][0]["finish_reason"] == "stop"
+    return missing
+
+
+def stream(url: str, body: dict) -> list[dict]:
+    """A streamed chat reply's chunks, as the page reads them."""
+    with httpx.stream("POST", url + "/v1/chat/completions", json={**body, "stream": True},
+                      timeout=300) as reply:
+        return [json.loads(line[6:]) for line in reply.iter_lines() if line.startswith("data: {")]
+
+
+@pytest.mark.parametrize("drafter, kind", [("model", "model"), ("lookup", "copy")])
+def test_each_accepted_draft_token_says_what_kind_of_drafter_made_it(served, drafter, kind):
+    """What the page tints by: ``draft_kind`` on each accepted draft token, and the
+    rounds in ``timings`` that the mean accepted length divides by."""
+    chunks = stream(served.url, {
+        "messages": [{"role": "user", "content": "Repeat exactly: the cat sat on the mat, "
+                                                 "the cat sat on the mat, the cat sat on the mat."}],
+        "max_tokens": 40, "speculative": {"drafter": drafter}})
+    tokens = [c["choices"][0] for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")]
+    timings = chunks[-1]["timings"]
+    drafted = [t for t in tokens if t["from_draft"]]
+    assert drafted and uncarried(chunks, len(drafted)) in (0, 1)
+    assert {t["draft_kind"] for t in drafted} == {kind}
+    assert not any("draft_kind" in t for t in tokens if not t["from_draft"])
+    assert timings["draft_rounds"] == sum(timings["draft_rounds_per_drafter"].values()) > 0
+    assert timings["draft_n"] >= timings["draft_n_accepted"]
 
 
 def test_a_reply_streams_into_the_page_with_its_stats(served):
@@ -436,7 +471,7 @@ def test_the_speculative_stats_are_the_servers_timings(session):
     assert stat(reply, "mean_length") == f"mean accepted length {mean:.2f}"
     assert timings["drafter"] in stat(reply, "drafter")
     # Every accepted draft token came as one (ASCII: one chunk each), from the draft model.
-    assert accepted == timings["draft_n_accepted"] > 0 and kinds == {"model"}
+    assert accepted > 0 and uncarried(chunks, accepted) in (0, 1) and kinds == {"model"}
     tinted = "".join(s.get_attribute("textContent")
                      for s in reply.find_elements("css selector", ".body .d-model"))
     assert tinted and is_subsequence(tinted.replace("\n", ""), text.replace("\n", ""))
@@ -467,7 +502,7 @@ def test_the_speculative_stats_are_the_servers_timings(session):
     reply = send(page, "Repeat exactly: the cat sat on the mat, the cat sat on the mat.")
     _, chunks = served.recorder.last()
     text, kinds, accepted = drafted(chunks)
-    assert kinds == {"copy"} and accepted == chunks[-1]["timings"]["draft_n_accepted"] > 0
+    assert kinds == {"copy"} and accepted > 0 and uncarried(chunks, accepted) in (0, 1)
     assert reply.find_elements("css selector", ".body .d-copy")
     assert not reply.find_elements("css selector", ".body .d-model")
     set_settings(page, drafter="")
@@ -558,3 +593,31 @@ def test_the_page_asks_once_for_the_api_key(engine):
     finally:
         page.quit()
         running.stop()
+
+
+@pytest.mark.browser
+def test_themes_and_a_phones_width(session):
+    """Dark and light themes; at a phone's width nothing overflows and the list is a drawer."""
+    page = session["page"]
+    names = titles(page)
+    css(page, "#conversations li .open")[next(i for i, t in enumerate(names)
+                                              if t.startswith("Write a Python function"))].click()
+    wait(page, lambda p: css(p, "#messages .code"))
+    backgrounds = {}
+    for theme in ("light", "dark"):
+        wait(page, lambda p: css(p, "#theme")[0].click()
+             or p.execute_script("return document.documentElement.dataset.theme") == theme, timeout=10)
+        backgrounds[theme] = page.execute_script("return getComputedStyle(document.body).backgroundColor")
+    assert backgrounds["light"] != backgrounds["dark"]
+
+    page.set_window_size(390, 844)
+    try:
+        wait(page, lambda p: not css(p, "#sidebar")[0].is_displayed()
+             or css(p, "#sidebar")[0].rect["x"] + css(p, "#sidebar")[0].rect["width"] <= 0, timeout=10)
+        assert page.execute_script("return document.documentElement.scrollWidth <= innerWidth")
+        assert css(page, "#message")[0].is_displayed() and css(page, "#send")[0].is_displayed()
+        css(page, "#open-sidebar")[0].click()
+        wait(page, lambda p: css(p, "#sidebar")[0].rect["x"] >= 0, timeout=10)
+        css(page, "#close-sidebar")[0].click()
+    finally:
+        page.set_window_size(1200, 850)

@@ -89,7 +89,8 @@ export function statsLine(message, model, measurePlain) {
     return line;
   }
   if (f.x_plain) {
-    line.append(item("x_plain", `<b>${num(f.x_plain, 2)}×</b> plain`,
+    const near = message.plain ? "" : "≈";  // (another request's plain speed)
+    line.append(item("x_plain", `<b>${near}${num(f.x_plain, 2)}×</b> plain`,
                      `plain: ${num(f.plain_tps)} tok/s, measured on this server (${f.plain_source})`));
   } else {
     const button = document.createElement("button");

@@ -59,7 +59,8 @@ export function history(conversation, parent, system) {
 export function title(conversation) {
   if (conversation.name) return conversation.name;
   const first = conversation.messages[conversation.messages.root.children[0]];
-  return first ? first.content.trim().replace(/\s+/g, " ").slice(0, 48) || "New chat" : "New chat";
+  const text = first ? first.content.trim().replace(/\s+/g, " ") : "";
+  return text.length > 48 ? text.slice(0, 47) + "…" : text || "New chat";
 }
 
 // Whether a conversation's name or any of its messages contain the words searched for.

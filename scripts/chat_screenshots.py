@@ -1,0 +1,97 @@
+"""The chat page's screenshots in docs/ (light, dark, a phone's width), from a real
+``edgespec serve`` (SmolLM2, auto mode over prompt lookup) driven in headless Chromium:
+
+    python scripts/chat_screenshots.py [--out docs]
+
+Needs chromium and chromium-driver (Debian: apt install chromium chromium-driver) and
+selenium (the dev extras). The replies are SmolLM2's at temperature 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.support.ui import WebDriverWait
+
+ROOT = Path(__file__).resolve().parent.parent
+EDIT = ("Add type hints and a docstring to this function:\n```python\ndef mean(values):\n"
+        "    total = 0\n    for value in values:\n        total += value\n"
+        "    return total / len(values)\n```")
+
+
+def serve(home: str) -> tuple[subprocess.Popen, str]:
+    """``edgespec serve`` on a free port: the process and its URL."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "edgespec", "serve", "-m", "smollm2-135m-instruct", "-d", "lookup",
+         "--port", "0", "--ctx", "2048", "--temp", "0"],
+        stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    for line in process.stderr:
+        if "http://" in line:
+            return process, line.split("on ", 1)[1].split()[0]
+    raise SystemExit("edgespec serve did not start")
+
+
+def browser(width: int, height: int) -> webdriver.Chrome:
+    options = webdriver.ChromeOptions()
+    options.binary_location = shutil.which("chromium") or shutil.which("chromium-browser")
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
+                 f"--window-size={width},{height}", "--hide-scrollbars"):
+        options.add_argument(flag)
+    return webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
+
+
+def send(page, text: str) -> None:
+    count = len(page.find_elements(By.CSS_SELECTOR, "article.assistant .stats"))
+    box = page.find_element(By.ID, "message")
+    for i, line in enumerate(text.split("\n")):
+        if i:
+            box.send_keys(Keys.SHIFT, Keys.ENTER)
+        box.send_keys(line)
+    box.send_keys(Keys.ENTER)
+    WebDriverWait(page, 300).until(
+        lambda p: len(p.find_elements(By.CSS_SELECTOR, "article.assistant .stats")) > count)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(ROOT / "docs"))
+    out = Path(parser.parse_args().out)
+    process, url = serve(tempfile.mkdtemp())
+    page = browser(1200, 820)
+    try:
+        page.get(url + "/")
+        WebDriverWait(page, 60).until(lambda p: p.execute_script("return document.body.dataset.ready"))
+        page.find_element(By.ID, "open-settings").click()
+        page.find_element(By.NAME, "max_tokens").send_keys("200")
+        page.find_element(By.ID, "save-settings").click()
+        send(page, "What is speculative decoding, in two sentences?")
+        page.find_element(By.ID, "new-chat").click()
+        send(page, EDIT)
+        page.find_element(By.CSS_SELECTOR, "article.assistant .measure-plain").click()
+        WebDriverWait(page, 300).until(lambda p: p.find_elements(By.CSS_SELECTOR, '[data-stat="x_plain"]'))
+        for theme in ("light", "dark"):
+            while page.execute_script("return document.documentElement.dataset.theme") != theme:
+                page.find_element(By.ID, "theme").click()
+            page.execute_script("document.getElementById('messages').scrollTop = 1e6")
+            page.save_screenshot(str(out / f"chat-page-{theme}.png"))
+        page.set_window_size(390, 844)
+        page.execute_script("document.getElementById('messages').scrollTop = 1e6")
+        page.save_screenshot(str(out / "chat-page-phone.png"))
+        print(f"wrote {out}/chat-page-{{light,dark,phone}}.png")
+    finally:
+        page.quit()
+        process.terminate()
+        process.wait(timeout=60)
+
+
+if __name__ == "__main__":
+    main()
