@@ -1,5 +1,6 @@
 """The chat page's screenshots in docs/ (light, dark, a phone's width), from a real
 ``edgespec serve`` (SmolLM2, auto mode over prompt lookup) driven in headless Chromium:
+a conversation whose second reply copies code from the first, and its x plain measured.
 
     python scripts/chat_screenshots.py [--out docs]
 
@@ -13,7 +14,6 @@ import argparse
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from selenium import webdriver
@@ -23,12 +23,11 @@ from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import WebDriverWait
 
 ROOT = Path(__file__).resolve().parent.parent
-EDIT = ("Add type hints and a docstring to this function:\n```python\ndef mean(values):\n"
-        "    total = 0\n    for value in values:\n        total += value\n"
-        "    return total / len(values)\n```")
+ASK = "Write a Python function that adds two numbers. Use a code block."
+EDIT = "Add a docstring to the first function and show the code again."  # (copies turn 1)
 
 
-def serve(home: str) -> tuple[subprocess.Popen, str]:
+def serve() -> tuple[subprocess.Popen, str]:
     """``edgespec serve`` on a free port: the process and its URL."""
     process = subprocess.Popen(
         [sys.executable, "-m", "edgespec", "serve", "-m", "smollm2-135m-instruct", "-d", "lookup",
@@ -65,7 +64,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(ROOT / "docs"))
     out = Path(parser.parse_args().out)
-    process, url = serve(tempfile.mkdtemp())
+    process, url = serve()
     page = browser(1200, 820)
     try:
         page.get(url + "/")
@@ -75,8 +74,9 @@ def main() -> None:
         page.find_element(By.ID, "save-settings").click()
         send(page, "What is speculative decoding, in two sentences?")
         page.find_element(By.ID, "new-chat").click()
+        send(page, ASK)
         send(page, EDIT)
-        page.find_element(By.CSS_SELECTOR, "article.assistant .measure-plain").click()
+        page.find_elements(By.CSS_SELECTOR, "article.assistant .measure-plain")[-1].click()
         WebDriverWait(page, 300).until(lambda p: p.find_elements(By.CSS_SELECTOR, '[data-stat="x_plain"]'))
         for theme in ("light", "dark"):
             while page.execute_script("return document.documentElement.dataset.theme") != theme:

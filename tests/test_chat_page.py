@@ -509,9 +509,29 @@ def test_the_speculative_stats_are_the_servers_timings(session):
 
 
 @pytest.mark.browser
+def test_rename_and_search(session):
+    from selenium.webdriver.common.keys import Keys
+    page = session["page"]
+    names = titles(page)
+    row = css(page, "#conversations li")[names.index("What is the sea?")]
+    row.find_element("css selector", ".rename").click()
+    field = wait(page, lambda p: css(p, "#conversations li input"))[0]
+    field.send_keys(Keys.CONTROL, "a")
+    field.send_keys("The sea", Keys.ENTER)
+    wait(page, lambda p: "The sea" in titles(p) and "What is the sea?" not in titles(p))
+    search = css(page, "#search")[0]
+    search.send_keys("vegetables")  # (a word of a message, not of a name)
+    wait(page, lambda p: titles(p) == ["Name three fruits."])
+    search.clear()
+    search.send_keys(" ")  # (clear() sends no input event)
+    wait(page, lambda p: len(titles(p)) == len(names))
+
+
+@pytest.mark.browser
 def test_conversations_survive_a_reload_and_a_server_restart(session, engine):
     page, served = session["page"], session["served"]
     before = titles(page)
+    assert "The sea" in before  # (renamed)
     assert len(before) >= 2 and "Name three fruits." in before
     port = int(served.url.rsplit(":", 1)[1])
     served.stop()
