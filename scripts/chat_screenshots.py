@@ -1,5 +1,5 @@
 """The chat page's screenshots in docs/ (light, dark, a phone's width), from a real
-``edgespec serve`` (SmolLM2, auto mode over prompt lookup) driven in headless Chromium:
+``edgespec serve`` (SmolLM2, prompt lookup with k = 8) driven in headless Chromium:
 a conversation whose second reply copies code from the first, and its x plain measured.
 
     python scripts/chat_screenshots.py [--out docs]
@@ -30,7 +30,7 @@ EDIT = "Add a docstring to the first function and show the code again."  # (copi
 def serve() -> tuple[subprocess.Popen, str]:
     """``edgespec serve`` on a free port: the process and its URL."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "edgespec", "serve", "-m", "smollm2-135m-instruct", "-d", "lookup",
+        [sys.executable, "-m", "edgespec", "serve", "-m", "smollm2-135m-instruct", "-d", "lookup", "--num-draft", "8",
          "--port", "0", "--ctx", "2048", "--temp", "0"],
         stderr=subprocess.PIPE, text=True, cwd=ROOT)
     for line in process.stderr:
@@ -84,6 +84,9 @@ def main() -> None:
             page.execute_script("document.getElementById('messages').scrollTop = 1e6")
             page.save_screenshot(str(out / f"chat-page-{theme}.png"))
         page.set_window_size(390, 844)
+        WebDriverWait(page, 10).until(  # (the list slides away: a drawer at this width)
+            lambda p: p.execute_script("return document.getElementById('sidebar')"
+                                       ".getBoundingClientRect().right <= 0"))
         page.execute_script("document.getElementById('messages').scrollTop = 1e6")
         page.save_screenshot(str(out / "chat-page-phone.png"))
         print(f"wrote {out}/chat-page-{{light,dark,phone}}.png")
