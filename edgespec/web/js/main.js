@@ -82,7 +82,7 @@ async function reply(conversation, parentId) {
     cancelAnimationFrame(frame);
     state.streaming = null;
     conversation.updated = Date.now();
-    await persist(conversation);
+    if (state.conversations.has(conversation.id)) await persist(conversation);  // (not if deleted meanwhile)
     renderAll();
   }
 }
