@@ -173,10 +173,11 @@ def completion_chunk(text: str, token_ids: list[int], predicted: int, from_draft
 
 
 def completion(model: str, text: str, token_ids: list[int], stats: GenerationStats,
-               stop: tuple[str, str], settings: dict, prompt) -> dict:
-    """A finished ``/completion`` (llama-server's final result; streamed, it is the
+               stop: tuple[str, str], settings: dict, prompt, *, streamed: bool) -> dict:
+    """A finished ``/completion`` (llama-server's final result; ``streamed``, it is the
     last event, its text and tokens already sent)."""
-    return {"index": 0, "content": text, "tokens": token_ids, "id_slot": 0, "stop": True,
+    return {"index": 0, "content": "" if streamed else text,
+            "tokens": [] if streamed else token_ids, "id_slot": 0, "stop": True,
             "model": model, "tokens_predicted": stats.generated_tokens,
             "tokens_evaluated": stats.prompt_tokens, "generation_settings": settings,
             "prompt": prompt, "has_new_line": "\n" in text, "truncated": False,
@@ -200,13 +201,13 @@ def props(*, model: str, model_path: str, n_ctx: int, params: dict, busy: bool,
 
 def speculative(default_drafter: str, num_draft: int | str, draft_model: str | None) -> dict:
     """The drafters this server offers (``speculative.drafter`` values, described) and its
-    defaults; ``num_draft`` takes an integer >= 1 or "auto"."""
+    defaults; ``num_draft`` takes an integer >= 1 or, ``num_draft_auto``, "auto"."""
     drafters = {name: text for name, (_, text) in BUILTIN.items()}
     if draft_model:
         drafters["model"] = f"the draft model ({draft_model})"
     drafters["off"] = "no speculation: plain decoding"
     return {"drafters": drafters, "drafter": default_drafter, "num_draft": num_draft,
-            "draft_model": draft_model}
+            "num_draft_auto": True, "draft_model": draft_model}
 
 
 def special_tokens(backend) -> dict:

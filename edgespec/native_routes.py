@@ -52,9 +52,8 @@ def add_native_routes(app, server) -> None:
             ids = [t for c in chunks for t in c.token_ids]
             last = chunks[-1]
             stop = llama_api.stop_type(last.finish_reason, text, ids, request.stop, target.token_bytes)
-            return llama_api.completion(model, "" if streamed else text,
-                                        ids if return_tokens and not streamed else [],
-                                        last.stats, stop, generation, request.prompt)
+            return llama_api.completion(model, text, ids if return_tokens else [], last.stats, stop,
+                                        generation, request.prompt, streamed=streamed)
 
         stream = await started(server.run(request))
         if request.stream:

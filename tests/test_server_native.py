@@ -56,6 +56,7 @@ def test_a_completion_streamed_as_continue_reads_it_matches_the_whole_one(served
     *partials, last = events
     assert all(e["stop"] is False and "timings" not in e for e in partials)
     assert last["stop"] is True and last["content"] == "" and "[DONE]" not in "".join(lines)
+    assert last["has_new_line"] == whole["has_new_line"] == ("\n" in text)
     assert last["tokens_predicted"] == whole["tokens_predicted"] == last["timings"]["predicted_n"]
     assert last["stop_type"] == whole["stop_type"] in ("eos", "word", "limit")
     assert (whole["stop_type"] == "limit") == (whole["tokens_predicted"] == 24)
@@ -91,6 +92,7 @@ def test_props_read_as_zed_reads_it_and_its_defaults_are_a_valid_request(served,
     spec = props["speculative"]
     assert {"lookup", "suffix", "off"} <= set(spec["drafters"]) and "model" not in spec["drafters"]
     assert spec["drafter"] == "lookup" and spec["num_draft"] == 4 and spec["draft_model"] is None
+    assert spec["num_draft_auto"] is True
     params = props["default_generation_settings"]["params"]
     assert params["temperature"] == 0 and params["n_predict"] == -1 and params["seed"] == -1
     # A page that reads the defaults and sends them back with a prompt gets a completion.
