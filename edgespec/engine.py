@@ -336,6 +336,7 @@ class Engine:
         stats.draft_time_s += drafting.seconds
         stats.probes += bool(verified and verified.probe)
         drafter = verified.drafter if verified else None
+        run.draft_kind = drafter.kind if drafter else None  # (what this round's tokens come from)
 
         start = self._clock()
         # A drafter with extra vocabulary rows may propose an id the target lacks:

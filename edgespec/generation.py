@@ -32,6 +32,7 @@ class Run:
     logprobs: int | None = None  # report log-probabilities, with this many alternatives
     # With logprobs: per generated token, in order, what shaping.token_logprobs gives.
     token_logprobs: list[dict] = field(default_factory=list)
+    draft_kind: str | None = None  # the kind of drafter (COPY, MODEL) of the latest round, or None
     # Set by Engine.cancel() any time after the call that made this run returned.
     cancelled: threading.Event = field(default_factory=threading.Event)
 
@@ -42,7 +43,8 @@ class Chunk:
 
     ``token_ids`` are the tokens committed with it (one per chunk, except the
     final chunk, which carries none but has ``finish_reason`` and ``stats``).
-    ``from_draft`` is True when the token was an accepted draft.
+    ``from_draft`` is True when the token was an accepted draft, and ``draft_kind``
+    then says what kind of drafter drafted it (``"copy"`` or ``"model"``).
     """
 
     text: str
@@ -51,6 +53,7 @@ class Chunk:
     finish_reason: str | None = None  # "stop", "length" or "cancelled" on the last chunk
     stats: GenerationStats | None = None
     logprobs: list[dict] | None = None  # with logprobs asked: an entry per token id
+    draft_kind: str | None = None
 
 
 @dataclass
@@ -113,7 +116,8 @@ def stream_text(run: Run, tokens: Iterator[tuple[int, bool]], token_bytes: Calla
                 text, stopped = matcher.feed(detok.add(token))
                 logprobs = None if run.logprobs is None else run.token_logprobs[produced:produced + 1]
                 produced += 1
-            yield Chunk(text, [token], from_draft, logprobs=logprobs)
+            yield Chunk(text, [token], from_draft, draft_kind=run.draft_kind if from_draft else None,
+                        logprobs=logprobs)
             if stopped:
                 run.finish_reason = "stop"
                 break

@@ -207,15 +207,18 @@ def usage(stats: GenerationStats, request: Request | None = None) -> dict:
 
 
 def timings(stats: GenerationStats) -> dict:
-    """llama-server's ``timings``, plus the drafter edgespec used."""
+    """llama-server's ``timings`` (``cache_n``: prompt tokens reused from the KV cache),
+    plus the drafter edgespec used."""
     predicted_ms = stats.decode_time_s * 1000
     prompt_ms = stats.prefill_time_s * 1000
-    return {"prompt_n": stats.prompt_eval_tokens, "prompt_ms": prompt_ms,
+    return {"cache_n": stats.cached_prompt_tokens,
+            "prompt_n": stats.prompt_eval_tokens, "prompt_ms": prompt_ms,
             "prompt_per_second": stats.prefill_tokens_per_second,
             "predicted_n": stats.generated_tokens, "predicted_ms": predicted_ms,
             "predicted_per_second": stats.tokens_per_second,
             "draft_n": stats.drafted, "draft_n_accepted": stats.accepted,
-            "drafter": stats.drafter}
+            "drafter": stats.drafter, "draft_rounds": stats.rounds,
+            "draft_rounds_per_drafter": dict(stats.rounds_per_drafter)}
 
 
 def response(request: Request, id: str, model: str, text: str, reason: str,
@@ -241,9 +244,10 @@ def response(request: Request, id: str, model: str, text: str, reason: str,
 def chunk(request: Request, id: str, model: str, text: str | None, *, from_draft: bool = False,
           reason: str | None = None, stats: GenerationStats | None = None,
           first: bool = False, logprobs: dict | None = None,
-          tool_calls: list[dict] | None = None) -> dict:
+          tool_calls: list[dict] | None = None, draft_kind: str | None = None) -> dict:
     """One streamed chunk. ``from_draft`` (an extra field) marks an accepted draft
-    token; the last chunk has the finish reason and the timings. ``tool_calls``: the
+    token, and ``draft_kind`` ("copy" or "model") what kind of drafter drafted it;
+    the last chunk has the finish reason and the timings. ``tool_calls``: the
     reply's calls, as one delta (each with its index)."""
     if request.kind == "chat":
         delta = {"role": "assistant", "content": text or ""} if first else \
@@ -256,6 +260,8 @@ def chunk(request: Request, id: str, model: str, text: str | None, *, from_draft
         choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish(reason)}
     if text:
         choice["from_draft"] = from_draft
+        if from_draft and draft_kind:
+            choice["draft_kind"] = draft_kind
     data = {"id": id, "object": "chat.completion.chunk" if request.kind == "chat" else "text_completion",
             "created": int(time.time()), "model": model, "choices": [choice]}
     if stats is not None:

@@ -15,19 +15,17 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import hmac
-import json
+import logging
 import queue
 import signal
 import socket
 import sys
 import threading
 from dataclasses import dataclass
-from importlib import resources
 from typing import AsyncIterator
 
 from fastapi import FastAPI, Request as HttpRequest
-from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from .chat_template import template_has_tools
@@ -36,10 +34,14 @@ from .drafters.prediction import PredictedOutput
 from .drafters.registry import BUILTIN, make_drafter
 from .engine import Engine
 from .errors import EdgespecError
+from .metrics import Metrics, log, log_generation
+from .native_routes import add_native_routes
 from .openai_api import ApiError, Request, new_id, param_of, parse_request
 from .openai_fields import template_messages
+from .page import add_page_routes
 from .replies import stream_reply, whole_reply
 from .sampling import SamplingParams
+from .server_http import OPEN_PATHS, authorize, read_json, started, whole
 
 DEFAULT_QUEUE = 8
 _END = object()
@@ -100,6 +102,8 @@ class Server:
         self.jobs: queue.Queue = queue.Queue()  # generations for the thread in work()
         # (finish reason, stats) of the latest generations, cancelled ones too.
         self.finished: collections.deque = collections.deque(maxlen=64)
+        self.metrics = Metrics(lambda: (int(bool(self.turns and self.turns.busy)),
+                                        self.turns.waiting if self.turns else 0))
 
     # -- one request --------------------------------------------------------------------
 
@@ -144,7 +148,14 @@ class Server:
         The generation runs as a job of :meth:`work`; the turn passes on only
         when that job has finished.
         """
-        await self.turns.acquire()
+        waits = self.turns.busy
+        try:
+            await self.turns.acquire()
+        except ApiError:
+            self.metrics.count("rejected")
+            raise
+        if waits:
+            self.metrics.count("queued")
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         cancel = threading.Event()
@@ -160,8 +171,9 @@ class Server:
                 except ApiError as exc:
                     put(exc)
                     return
-                except (EdgespecError, ValueError) as exc:  # a bad request: 400
-                    put(ApiError(400, str(exc), param=param_of(exc)))
+                except (EdgespecError, ValueError) as exc:  # a bad request (its prompt, mostly): 400
+                    put(ApiError(400, str(exc), param=param_of(exc) or
+                                 ("messages" if request.kind == "chat" else "prompt")))
                     return
                 except Exception as exc:  # noqa: BLE001 - a 500 for the request, not a dead worker
                     put(exc)
@@ -170,6 +182,8 @@ class Server:
                     for item in chunks:
                         if item.finish_reason is not None:
                             self.finished.append((item.finish_reason, item.stats))
+                            self.metrics.generation(item.stats, item.finish_reason)
+                            log_generation(request.kind, item.finish_reason, item.stats)
                         put(item)
                 except Exception as exc:  # noqa: BLE001 - handed to the request
                     put(exc)
@@ -242,37 +256,17 @@ def create_app(engine: Engine, settings: ServerSettings, *, worker_thread: bool 
         return error_response(ApiError(500, f"internal error ({type(error).__name__}: {error})",
                                        type="server_error"))
 
-    def authorize(http_request: HttpRequest) -> None:
-        if settings.api_key is None:
-            return
-        header = http_request.headers.get("authorization", "")
-        given = header.removeprefix("Bearer ").strip() if header.startswith("Bearer ") else ""
-        if not hmac.compare_digest(given.encode(), settings.api_key.encode()):
-            raise ApiError(401, "missing or wrong API key: send Authorization: Bearer KEY",
-                           code="invalid_api_key")
-
-    async def body_of(http_request: HttpRequest) -> dict:
-        try:
-            return json.loads(await http_request.body())
-        except (ValueError, RecursionError):
-            raise ApiError(400, "the request body is not valid JSON") from None
-
     async def complete(http_request: HttpRequest, kind: str):
-        authorize(http_request)
-        request = parse_request(await body_of(http_request), kind, settings.defaults)
-        if request.model not in (None, "", *settings.model_names):
-            raise ApiError(404, f"the model {request.model!r} is not served here: use "
-                                f"{settings.model_names[0]!r} (see /v1/models)",
-                           param="model", code="model_not_found")
+        authorize(settings.api_key, http_request)
+        request = parse_request(await read_json(http_request), kind, settings.defaults)
+        # Whatever model a request names, the one model serves it (as in llama-server).
         model, id = settings.model_names[0], new_id(kind)
-        chunks = server.run(request)
-        first = await chunks.__anext__()  # waits for a turn; errors still become statuses
+        stream = await started(server.run(request))  # waits for a turn; errors become statuses
         if request.stream:
-            return StreamingResponse(stream_reply(request, id, model, first, chunks, engine.target.token_bytes),
+            return StreamingResponse(stream_reply(request, id, model, stream, engine.target.token_bytes),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        return await whole_reply(request, id, model, first, chunks, http_request,
-                                 engine.target.token_bytes)
+        return await whole(stream, http_request, whole_reply(request, id, model, engine.target.token_bytes))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(http_request: HttpRequest):
@@ -284,20 +278,20 @@ def create_app(engine: Engine, settings: ServerSettings, *, worker_thread: bool 
 
     @app.get("/v1/models")
     async def models(http_request: HttpRequest):
-        authorize(http_request)
+        authorize(settings.api_key, http_request)
         return {"object": "list", "data": [{"id": settings.model_names[0], "object": "model",
-                                            "created": 0, "owned_by": "edgespec"}]}
+                                            "created": 0, "owned_by": "edgespec",
+                                            "meta": {"n_ctx": engine.n_ctx}}]}
 
-    @app.get("/health")
+    @app.get(OPEN_PATHS[0])
+    @app.get(OPEN_PATHS[1])
     async def health():
         turns = server.turns
         return {"status": "ok", "generating": bool(turns and turns.busy),
                 "waiting": turns.waiting if turns else 0}
 
-    @app.get("/", response_class=HTMLResponse)
-    async def page():
-        return resources.files("edgespec").joinpath("web/chat.html").read_text(encoding="utf-8")
-
+    add_native_routes(app, server)
+    add_page_routes(app)  # the chat page at / and its files under /assets/
     return app
 
 
@@ -308,6 +302,11 @@ def serve(engine: Engine, settings: ServerSettings, *, host: str, port: int) -> 
     (or a test) that reads it can connect at once; ``port=0`` picks a free port.
     """
     import uvicorn
+    if not log.handlers:  # a line per request on stderr, as llama-server prints its timings
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("edgespec: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
     if host not in ("127.0.0.1", "localhost", "::1") and settings.api_key is None:
         print(f"edgespec: warning: serving on {host} without --api-key: anyone who can reach "
               f"this machine can use the model", file=sys.stderr)

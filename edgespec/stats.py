@@ -58,6 +58,12 @@ class GenerationStats:
         return self.generated_tokens / self.decode_time_s if self.decode_time_s > 0 else 0.0
 
     @property
+    def cached_prompt_tokens(self) -> int:
+        """Prompt tokens reused from the KV cache: those the prefill did not evaluate
+        (llama-server's ``cache_n``)."""
+        return max(self.prompt_tokens - self.prompt_eval_tokens, 0)
+
+    @property
     def prefill_tokens_per_second(self) -> float:
         """Prompt tokens evaluated on the target per second of prefill."""
         return self.prompt_eval_tokens / self.prefill_time_s if self.prefill_time_s > 0 else 0.0
@@ -65,11 +71,11 @@ class GenerationStats:
     def record_round(self, num_drafted: int, num_accepted: int, drafter: str = "") -> None:
         """Count one verified round (by ``drafter``, for the per-drafter tally)."""
         self.rounds += 1
-        self._last_drafter = drafter
+        self._last_drafter = drafter  # (whose accepted drafts unaccept() takes back)
         if drafter:
-            for counts, n in ((self.rounds_per_drafter, 1), (self.drafted_per_drafter, num_drafted),
-                              (self.accepted_per_drafter, num_accepted)):
-                counts[drafter] = counts.get(drafter, 0) + n
+            for tally, n in ((self.rounds_per_drafter, 1), (self.drafted_per_drafter, num_drafted),
+                             (self.accepted_per_drafter, num_accepted)):
+                tally[drafter] = tally.get(drafter, 0) + n
         self.drafted += num_drafted
         self.accepted += num_accepted
         for counts, n in ((self.drafted_per_position, num_drafted),
@@ -85,9 +91,9 @@ class GenerationStats:
         if unused <= 0:
             return
         self.accepted -= unused
-        last = getattr(self, "_last_drafter", "")
-        if last in self.accepted_per_drafter:
-            self.accepted_per_drafter[last] -= unused
+        drafter = getattr(self, "_last_drafter", "")
+        if drafter:
+            self.accepted_per_drafter[drafter] -= unused
         for position in range(round_accepted - unused, round_accepted):
             self.accepted_per_position[position] -= 1
 

@@ -171,3 +171,77 @@ def test_random_misuse_only_raises_clear_errors_and_leaves_the_engine_exact(engi
     engine.configure(engine.drafter, 3)
     assert engine.generate(GOOD_PROMPT, GREEDY, max_tokens=20).token_ids == \
         fresh.generate(GOOD_PROMPT, GREEDY, max_tokens=20).token_ids
+
+
+# -- llama-server's native endpoints, over HTTP --------------------------------------------
+
+NATIVE_CASES = 150
+COMPLETION_FIELDS = {
+    "prompt": PROMPTS, "n_predict": [1, 6, -1, 0, -3, 1.5, None, "4", True],
+    "max_tokens": [None, -1, 4, 0], "temperature": TEMPERATURES, "top_k": TOP_KS,
+    "top_p": TOP_PS, "min_p": [0.0, 0.05, 1.0, -0.1, None], "seed": [None, 0, 7, -1, -2, "x", 2 ** 70],
+    "stop": [None, "\n", ["a", "b"], [], [""], [1], ["s"] * 100, {"x": 1}],
+    "stream": [True, False, None, "yes"], "cache_prompt": [True, False, "no"],
+    "return_tokens": [True, False, 1], "mirostat": [0, 2, None], "repeat_penalty": [1.0, 1.2],
+    "n_probs": [0, 3], "grammar": ["", "root ::= \"a\""], "model": ["x", 5, None],
+    "speculative": [None, {"drafter": "off"}, {"drafter": "model"}, {"drafter": "nope"},
+                    {"num_draft": 2}, {"num_draft": 0}, "fast"],
+}
+TOKENIZE_FIELDS = {"content": PROMPTS, "add_special": [True, False, 1, None],
+                   "parse_special": [True, False, "x"], "with_pieces": [True, False, 0]}
+DETOKENIZE_TOKENS = [[1, 2, 3], [], [-1], [300], [10 ** 9], "abc", [1.5], None, [True], [3] * 600]
+BODIES = [None, [], "x", 5, [{"prompt": "a"}]]  # not an object
+
+
+def native_case(rng: random.Random, url: str) -> tuple[str, object, "httpx.Response"]:
+    """One random call to a native endpoint: (path, body, response), the stream read."""
+    import httpx
+    path = rng.choice(["/completion", "/completions", "/completion", "/tokenize", "/detokenize",
+                       "/props", "/metrics"])
+    if path in ("/props", "/metrics"):
+        return path, None, httpx.get(url + path, timeout=60)
+    fields = {"/tokenize": TOKENIZE_FIELDS}.get(path, COMPLETION_FIELDS)
+    if rng.random() < 0.05:
+        body = rng.choice(BODIES)
+    elif path == "/detokenize":
+        body = {"tokens": rng.choice(DETOKENIZE_TOKENS)}
+    else:
+        body = {name: rng.choice(values) for name, values in fields.items()
+                if name in ("prompt", "content") or rng.random() < 0.3}
+        if path != "/tokenize" and body.get("n_predict") in (-1, None) and \
+                body.get("max_tokens") in (-1, None):
+            body["n_predict"] = 8  # (no limit would fill the tiny model's long context: slow)
+    with httpx.stream("POST", url + path, content=json.dumps(body, default=str), timeout=60,
+                      headers={"Content-Type": "application/json"}) as reply:  # (NaN too)
+        reply.read()
+    return path, body, reply
+
+
+def test_random_requests_to_the_native_endpoints_get_200_or_a_400_naming_the_field(engines):
+    from test_server import RunningServer
+    engine, fresh = engines
+    running = RunningServer(engine, num_draft=3)
+    rng = random.Random(20261201)
+    statuses = {200: 0, 400: 0}
+    try:
+        for case in range(NATIVE_CASES):
+            path, body, reply = native_case(rng, running.url)
+            where = f"case {case}: {path} {json.dumps(body, default=str)[:200]} -> {reply.status_code} {reply.text[:300]}"
+            assert reply.status_code in statuses, where
+            statuses[reply.status_code] += 1
+            if reply.status_code == 400:
+                error = reply.json()["error"]
+                assert set(error) == {"message", "type", "param", "code"} and error["message"], where
+                assert error["param"] or not isinstance(body, dict), where  # it names the field
+            elif reply.headers["content-type"].startswith("text/event-stream"):
+                events = [json.loads(line[5:]) for line in reply.text.splitlines() if line.startswith("data:")]
+                assert events and events[-1]["stop"] is True and "timings" in events[-1], where
+        assert statuses[200] > NATIVE_CASES // 5 and statuses[400] > NATIVE_CASES // 5, statuses
+        # The engine still gives exactly what a fresh one gives.
+        import httpx
+        reply = httpx.post(running.url + "/completion", json={"prompt": GOOD_PROMPT, "n_predict": 12,
+                                                               "return_tokens": True}, timeout=60)
+        engine.configure(engine.drafter, 3)
+        assert reply.json()["tokens"] == fresh.generate(GOOD_PROMPT, GREEDY, max_tokens=12).token_ids
+    finally:
+        running.stop()

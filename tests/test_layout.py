@@ -25,7 +25,7 @@ LAYERS = [
     {"planning.auto"},
     {"engine", "generation"},
     {"session", "models.loading", "api", "bench", "bench_report", "selfcheck", "openai_api", "openai_fields",
-     "replies", "server", "info"},
+     "replies", "server", "info", "llama_api", "metrics", "server_http", "native_routes", "page"},
     {"cli_options", "chat_cli", "cli", "__main__", ""},
 ]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}

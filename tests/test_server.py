@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -246,7 +245,6 @@ def test_a_client_that_disconnects_cancels_its_generation(served):
     ({"messages": [{"role": "user", "content": None}]}, 400, "messages[0].content"),
     ({"messages": []}, 400, "messages"),
     ({"messages": [{"role": "user", "content": "word " * 1500}]}, 400, None),  # > the context
-    ({"messages": HELLO, "model": "gpt-4"}, 404, "model"),
     ({"prompt": ""}, 400, "prompt"),
 ])
 def test_errors_in_openai_shape(served, body, status, param):
@@ -312,47 +310,8 @@ def test_serve_command_warns_off_localhost_and_stops_cleanly_on_ctrl_c_or_sigter
         _, rest = process.communicate(timeout=60)  # (a server that ignores it fails here)
         assert process.returncode == 0, rest
         assert "Traceback" not in rest and "server stopped" in rest  # (after the models were freed)
+        # A line per request on stderr, as llama-server prints its timings.
+        assert "completion: prompt " in rest and "decode 3 tokens" in rest, rest
     finally:
         if process.poll() is None:
             process.kill()
-
-
-# -- the chat page, in a real browser ------------------------------------------------------
-
-
-def browser():
-    """Debian's chromium and its driver, or a reason to skip."""
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    driver = shutil.which("chromedriver")
-    if not chromium or not driver:
-        pytest.skip("no chromium/chromedriver here (Debian: apt install chromium chromium-driver)")
-    webdriver = pytest.importorskip("selenium.webdriver")
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage"):
-        options.add_argument(flag)
-    from selenium.webdriver.chrome.service import Service
-    return webdriver.Chrome(service=Service(driver), options=options)
-
-
-def test_the_chat_page_streams_a_reply_with_draft_tokens_highlighted(smollm2_path, smollm2_q2k_path):
-    page = browser()
-    engine = edgespec.load(str(smollm2_path), draft=str(smollm2_q2k_path), num_draft=4, n_ctx=1024)
-    running = RunningServer(engine)
-    try:
-        from selenium.webdriver.common.by import By
-        from selenium.webdriver.support.ui import WebDriverWait
-        page.get(running.url + "/")
-        page.find_element(By.ID, "message").send_keys("Write the numbers one to twenty in words.")
-        page.find_element(By.ID, "send").click()
-        stats = WebDriverWait(page, 120).until(
-            lambda p: p.find_elements(By.CSS_SELECTOR, ".turn.stats"))
-        assert "tok/s" in stats[0].text and "acceptance" in stats[0].text
-        reply = page.find_element(By.CSS_SELECTOR, ".turn.assistant")
-        assert reply.text.strip()
-        assert reply.find_elements(By.CSS_SELECTOR, "span.draft")  # accepted drafts, highlighted
-        assert len(reply.find_elements(By.CSS_SELECTOR, "span")) > 5  # it streamed, token by token
-    finally:
-        page.quit()
-        running.stop()
-        engine.close()
