@@ -56,7 +56,7 @@ def tokenizer_of(target):
             def __call__(self, text):
                 if isinstance(text, bytes):
                     text = text.decode("utf-8", "replace")
-                return target.tokenize(text, add_bos=False, special=False)
+                return _tokenize(target, text)
 
         made = llguidance.LLTokenizer(llguidance.TokenizerWrapper(Vocabulary()),
                                       eos_token=sorted(vocab.eos_token_ids))
@@ -76,6 +76,17 @@ def closed(schema):
     if (out.get("type") == "object" or "properties" in out) and "additionalProperties" not in out:
         out["additionalProperties"] = False
     return out
+
+
+def _tokenize(target, text: str) -> list[int]:
+    """``text``'s tokens, nothing added: a SentencePiece vocabulary writes a space
+    before a text, so there the text is tokenized after a newline, which is dropped."""
+    ids = target.tokenize(text, add_bos=False, special=False)
+    if b"".join(map(target.token_bytes, ids)) == text.encode("utf-8"):
+        return ids
+    lead = target.tokenize("\n", add_bos=False, special=False)
+    after = target.tokenize("\n" + text, add_bos=False, special=False)
+    return after[len(lead):] if after[:len(lead)] == lead else ids
 
 
 class Grammar:

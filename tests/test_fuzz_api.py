@@ -245,3 +245,64 @@ def test_random_requests_to_the_native_endpoints_get_200_or_a_400_naming_the_fie
         assert reply.json()["tokens"] == fresh.generate(GOOD_PROMPT, GREEDY, max_tokens=12).token_ids
     finally:
         running.stop()
+
+
+# -- the OpenAI fields that change what a reply must be -------------------------------------
+
+CHAT_CASES = 100
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+CHAT_FIELDS = {
+    "messages": MESSAGES + [[{"role": "tool", "content": "1", "tool_call_id": "c"}],
+                            [{"role": "assistant", "content": None, "tool_calls": "x"}]],
+    "max_tokens": [4, 8, 0, 12], "temperature": [0, 0.7, -1],
+    "response_format": [None, {"type": "text"}, {"type": "json_object"}, {"type": "xml"}, "json",
+                        {"type": "json_schema", "json_schema": {"name": "s", "schema": SCHEMA}},
+                        {"type": "json_schema", "json_schema": {"schema": {"type": 5}}},
+                        {"type": "json_schema", "json_schema": {"schema": SCHEMA, "strict": True}}],
+    "tools": [None, [], "x", [{"type": "function", "function": {"name": "f"}}], [{"type": "function"}]],
+    "tool_choice": [None, "auto", "none", "required", {"type": "function", "function": {"name": "g"}}, 5],
+    "logprobs": [None, True, False, "yes"], "top_logprobs": [None, 0, 2, 21, -1, "3"],
+    "logit_bias": [None, {}, {"3": 5}, {"3": 101}, {"x": 1}, {"99999": 1}, [1], {"4": "a"}],
+    "presence_penalty": [None, 0, 1.5, 2.5, "1", math.nan],
+    "frequency_penalty": [None, 0, -1, -2.5, True],
+    "prediction": [None, {"type": "content", "content": "abc"}, {"type": "content", "content": 5},
+                   {"type": "text"}, "abc", {"type": "content", "content": [{"type": "text", "text": "a"}]}],
+    "n": [None, 1, 2],
+}
+
+
+def test_random_chat_requests_with_the_openai_fields_get_200_or_a_400_naming_the_field(engines):
+    pytest.importorskip("llguidance")
+    import httpx
+    from test_server import RunningServer
+    engine, fresh = engines
+    running = RunningServer(engine, num_draft=3)
+    rng = random.Random(20261204)
+    statuses = {200: 0, 400: 0}
+    try:
+        for case in range(CHAT_CASES):
+            body = {name: rng.choice(values) for name, values in CHAT_FIELDS.items()
+                    if name != "messages" and rng.random() < 0.2 and values is not None}
+            body = {k: v for k, v in body.items() if v is not None}
+            body["messages"] = rng.choice(CHAT_FIELDS["messages"]) if rng.random() < 0.2 \
+                else [{"role": "user", "content": "ab"}]
+            body.setdefault("max_tokens", 8)  # (no limit would fill the tiny model's long context: slow)
+            stream = rng.random() < 0.3
+            with httpx.stream("POST", running.url + "/v1/chat/completions", timeout=60,
+                              content=json.dumps({**body, "stream": stream}, default=str),
+                              headers={"Content-Type": "application/json"}) as reply:
+                reply.read()
+            where = f"case {case}: {json.dumps(body, default=str)[:300]} -> {reply.status_code} {reply.text[:300]}"
+            assert reply.status_code in statuses, where
+            statuses[reply.status_code] += 1
+            if reply.status_code == 400:
+                error = reply.json()["error"]
+                assert error["message"] and error["param"], where  # it names the field
+        assert statuses[200] > CHAT_CASES // 8 and statuses[400] > CHAT_CASES // 4, statuses
+        engine.configure(engine.drafter, 3)
+        reply = httpx.post(running.url + "/v1/completions", json={"prompt": GOOD_PROMPT, "max_tokens": 12,
+                                                                  "temperature": 0, "logprobs": 1}, timeout=60)
+        expected = fresh.generate(GOOD_PROMPT, GREEDY, max_tokens=12)
+        assert reply.json()["choices"][0]["text"] == expected.text  # the engine is still exact
+    finally:
+        running.stop()
