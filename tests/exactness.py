@@ -19,7 +19,7 @@ SIGNIFICANCE = 0.001  # every exactness test uses this level
 
 
 def exact_distribution(backend, prompt: list[int], params: SamplingParams,
-                       length: int) -> dict[tuple[int, ...], float]:
+                       length: int, shape=None) -> dict[tuple[int, ...], float]:
     """P(continuation) for every continuation of ``length`` tokens with P > 0.
 
     An end-of-generation token ends a continuation early and is not part of
@@ -35,6 +35,8 @@ def exact_distribution(backend, prompt: list[int], params: SamplingParams,
             return
         backend.rewind(0)
         logits = backend.forward(prompt + list(prefix), last_only=True)[-1]
+        if shape is not None:
+            logits = shape(logits, prompt + list(prefix))
         probs = logits_to_probs(logits, params)
         for token in np.flatnonzero(probs > 0):
             if int(token) in eos:

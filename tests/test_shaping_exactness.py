@@ -18,9 +18,8 @@ from edgespec.backends.llamacpp import LlamaCppBackend
 from edgespec.backends.toy import ToyBackend
 from edgespec.grammar import Grammar
 from edgespec.prompting import chat_prompt_ids
-from edgespec.sampling import logits_to_probs
 from edgespec.shaping import Shaping
-from exactness import SIGNIFICANCE, chi_square_pvalue
+from exactness import SIGNIFICANCE, chi_square_pvalue, exact_distribution
 from greedy import assert_equal_up_to_a_near_tie
 
 pytest.importorskip("llguidance")
@@ -54,35 +53,45 @@ class CommittedOnly(Shaping):
         return super().apply(logits, context, [])
 
 
-def exact_shaped(backend, prompt, params, make_shaping, length=LENGTH):
-    """P(continuation) under the shaped target: shaping applied at every prefix."""
-    out, eos = {}, backend.vocab.eos_token_ids
+class FirstRowOnly(Shaping):
+    """Broken: the bias applied to the first row of a verify pass only."""
 
-    def walk(prefix, prob):
-        if len(prefix) == length:
-            out[prefix] = prob
-            return
+    def apply(self, logits, context, drafts):
+        out = np.array(logits, dtype=np.float32)
+        out[:1] = super().apply(logits[:1], context, [])
+        return out
+
+
+class MaskOfTheCommittedText(Shaping):
+    """Broken: every row masked as the row after the committed text (the round's
+    drafts not walked through the grammar)."""
+
+    def apply(self, logits, context, drafts):
+        first = super().apply(logits[:1], context, [])
+        out = np.array(logits, dtype=np.float32)
+        out[:, ~np.isfinite(first[0])] = -np.inf
+        return out
+
+
+def exact_shaped(backend, prompt, params, make_shaping, length=LENGTH):
+    """P(continuation) under the shaped target: a fresh shaping at every prefix."""
+    def shape(logits, context):
         shaping = make_shaping()
         shaping.start(backend, len(prompt))
-        backend.rewind(0)
-        logits = backend.forward(prompt + list(prefix), last_only=True)[-1:]
-        probs = logits_to_probs(shaping.apply(logits, prompt + list(prefix), []), params)[0]
-        for token in np.flatnonzero(probs > 0):
-            if int(token) in eos:
-                out[prefix] = out.get(prefix, 0.0) + prob * float(probs[token])
-            else:
-                walk(prefix + (int(token),), prob * float(probs[token]))
-
-    walk((), 1.0)
-    backend.rewind(0)
-    return out
+        return shaping.apply(logits[None], context, [])[0]
+    return exact_distribution(backend, prompt, params, length, shape)
 
 
 def sample_shaped(engine, prompt, params, make_shaping, num_samples, seed, length=LENGTH):
     rng = np.random.default_rng(seed)
     counts, drafted, accepted = Counter(), 0, 0
     for _ in range(num_samples):
-        g = engine.generate(prompt, params, max_tokens=length, rng=rng, shaping=make_shaping())
+        try:
+            g = engine.generate(prompt, params, max_tokens=length, rng=rng, shaping=make_shaping())
+        except (ValueError, IndexError):  # (a broken variant's) token the grammar refuses: an
+            # impossible output, which the chi-square test scores as such
+            counts[("refused",)] += 1
+            continue
         counts[tuple(g.token_ids)] += 1
         drafted, accepted = drafted + g.stats.drafted, accepted + g.stats.accepted
     return counts, drafted, accepted
@@ -117,6 +126,18 @@ def test_penalties_counted_without_the_rounds_drafts_fail_the_same_test():
     engine = Engine(target, DraftModel(target.perturbed(noise=1.0, seed=2)), num_draft=3)
     broken = lambda: CommittedOnly(presence_penalty=1.0, frequency_penalty=2.0)  # noqa: E731
     counts, _, _ = sample_shaped(engine, PROMPT, params, broken, 12_000, 30)
+    assert chi_square_pvalue(counts, expected) < SIGNIFICANCE
+
+
+@pytest.mark.parametrize("broken, make_shaping", [
+    (lambda: FirstRowOnly(logit_bias={3: 4.0, 4: -100.0}, frequency_penalty=1.5), biased),
+    (lambda: MaskOfTheCommittedText(rule=grammar().rule), grammar)], ids=["bias", "grammar"])
+def test_bias_and_grammar_broken_variants_fail_the_same_test(broken, make_shaping):
+    target = toy()
+    params = SamplingParams(temperature=1.0)
+    expected = exact_shaped(target, PROMPT, params, make_shaping)
+    engine = Engine(target, DraftModel(target.perturbed(noise=1.0, seed=2)), num_draft=3)
+    counts, _, _ = sample_shaped(engine, PROMPT, params, broken, 12_000, 33)
     assert chi_square_pvalue(counts, expected) < SIGNIFICANCE
 
 
