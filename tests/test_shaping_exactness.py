@@ -20,6 +20,7 @@ from edgespec.grammar import Grammar
 from edgespec.prompting import chat_prompt_ids
 from edgespec.shaping import Shaping
 from exactness import SIGNIFICANCE, chi_square_pvalue, exact_distribution
+from ggufs import perturbed, tiny_llama_weights, write_tiny_llama_gguf
 from greedy import assert_equal_up_to_a_near_tie
 
 pytest.importorskip("llguidance")
@@ -187,4 +188,26 @@ def test_greedy_constrained_output_equals_plain_constrained_output(smollm2_path,
     assert json.loads(plain.text).keys() == {"name", "age"}
     prompt = chat_prompt_ids(engine.target, messages)
     assert_equal_up_to_a_near_tie(engine, prompt, plain.token_ids, spec.token_ids)
+    engine.close()
+
+
+def test_grammar_sampling_is_exact_on_llamacpp(tmp_path):
+    """A grammar through llama.cpp, a draft model drafting (chi-square, 0.001); its broken
+    variant, every row masked as after the committed text, fails the same test. (A pair
+    with byte tokens: a grammar's vocabulary needs every text to be tokenizable.)"""
+    weights = tiny_llama_weights(vocab_size=3 + 256 + 6, seed=7, eos_logit_scale=0.3)
+    paths = [write_tiny_llama_gguf(tmp_path / f"{name}.gguf", w, byte_tokens=True) for name, w in
+             (("target", weights), ("draft", perturbed(weights, scale=0.3, seed=8)))]
+    target, draft = (LlamaCppBackend(path, n_ctx=64) for path in paths)
+    prompt, params = [1, 259, 260, 261], SamplingParams(temperature=2.0)  # (flat: rows differ)
+    rule = Grammar.regex("(ab|ba|cc)+")  # (what may follow depends on the state: pairs)
+    make = lambda: Shaping(rule=rule)  # noqa: E731
+    expected = exact_shaped(target, prompt, params, make)
+    engine = Engine(target, DraftModel(draft), num_draft=2)
+    counts, drafted, accepted = sample_shaped(engine, prompt, params, make, 4000, seed=23)
+    assert 0 < accepted < drafted
+    assert chi_square_pvalue(counts, expected) > SIGNIFICANCE
+    broken = lambda: MaskOfTheCommittedText(rule=rule)  # noqa: E731
+    counts, _, _ = sample_shaped(engine, prompt, params, broken, 4000, seed=23)
+    assert chi_square_pvalue(counts, expected) < SIGNIFICANCE
     engine.close()

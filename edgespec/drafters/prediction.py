@@ -49,6 +49,6 @@ class PredictedOutput(DrafterBase):
         self.prefill(context)
         reply = list(context[self._start:])
         done = len(reply)
-        if self.prediction[:done] == reply:
-            return Draft(self.prediction[done:done + num_draft], None, match_bucket(max(done, 64)))
+        if self.prediction[:done] == reply:  # classed by how far the reply has followed it
+            return Draft(self.prediction[done:done + num_draft], None, match_bucket(max(done, 2)))
         return self.lookup.propose(self.prediction + reply, num_draft, params, rng)

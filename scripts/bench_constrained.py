@@ -1,0 +1,112 @@
+"""JSON-schema-constrained decoding: speculative (auto mode) against constrained plain
+decoding, each speculative run between two plain runs of the same prompt; the mask's
+host time per committed token; and Predicted Outputs against the same request
+without its prediction.
+
+    python scripts/bench_constrained.py [--sets edit,chat] [--prompts 4] [--max-tokens 128]
+
+The schema is {"answer": "..."}: the prompt's own answer inside JSON (the grammar
+forces the frame), so the grammar constrains every token while the reply stays what
+the set asks for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import edgespec
+from edgespec.grammar import Grammar
+from edgespec.prompt_sets import load_prompt_set
+from edgespec.shaping import Shaping
+
+SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"],
+          "additionalProperties": False}
+
+
+class TimedShaping(Shaping):
+    """The shaping, its host time summed (the grammar's masks and the row updates)."""
+
+    seconds = 0.0
+
+    def admissible(self, context, drafts):
+        start = time.perf_counter()
+        try:
+            return super().admissible(context, drafts)
+        finally:
+            TimedShaping.seconds += time.perf_counter() - start
+
+    def apply(self, logits, context, drafts):
+        start = time.perf_counter()
+        try:
+            return super().apply(logits, context, drafts)
+        finally:
+            TimedShaping.seconds += time.perf_counter() - start
+
+
+def run(engine, messages, max_tokens, speculative, **options):
+    g = engine.chat(messages, stream=False, temperature=0, max_tokens=max_tokens,
+                    speculative=speculative, **options)
+    return g.stats.generated_tokens / g.stats.decode_time_s, g
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sets", default="edit,chat")
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
+    parser.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct")
+    args = parser.parse_args()
+    engine = edgespec.load(args.target, draft=args.draft, num_draft="auto", n_ctx=4096, fetch=True)
+    grammar = Grammar.json_schema(SCHEMA, strict=True)
+    warm = [{"role": "user", "content": "Say hello."}]  # (the grammar's vocabulary, auto mode's costs)
+    run(engine, warm, 16, True, shaping=Shaping(rule=grammar))
+    run(engine, warm, 16, False, shaping=Shaping(rule=grammar))
+    report = {}
+    for name in args.sets.split(","):
+        ratios, mask_ms = [], []
+        for prompt in load_prompt_set(name)[:args.prompts]:
+            messages = [{"role": "user", "content": prompt}]
+            first, _ = run(engine, messages, args.max_tokens, False, shaping=Shaping(rule=grammar))
+            TimedShaping.seconds = 0.0
+            spec, g = run(engine, messages, args.max_tokens, True, shaping=TimedShaping(rule=grammar))
+            mask_ms.append(1000 * TimedShaping.seconds / max(g.stats.generated_tokens, 1))
+            last, _ = run(engine, messages, args.max_tokens, False, shaping=Shaping(rule=grammar))
+            json.loads(g.text) if g.finish_reason == "stop" else None  # (a whole reply parses)
+            ratios.append(spec / ((first + last) / 2))
+            print(f"{name}: {spec / first:.2f}-{spec / last:.2f}x constrained plain "
+                  f"({g.stats.generated_tokens} tokens, {g.stats.accepted}/{g.stats.drafted} accepted, "
+                  f"mask+shaping {mask_ms[-1]:.2f} ms/token)", flush=True)
+        geo = statistics.geometric_mean(ratios)
+        report[name] = {"geomean": geo, "min": min(ratios), "max": max(ratios),
+                        "mask_ms_per_token": statistics.mean(mask_ms)}
+        print(f"== {name}: geomean {geo:.3f}x (min {min(ratios):.2f}, max {max(ratios):.2f}), "
+              f"mask+shaping {statistics.mean(mask_ms):.2f} ms per token", flush=True)
+    # Predicted Outputs: an edit whose prediction is the original file, with and without it.
+    source = "\n".join(f"def f{i}(x):\n    return x * {i} + {i}\n" for i in range(16))
+    messages = [{"role": "user", "content": "Rename f5 to g5 in this file and give the whole file "
+                                            f"back, nothing else:\n```python\n{source}```"}]
+    from edgespec.drafters.prediction import PredictedOutput
+    lookup = engine.drafter
+    prediction = PredictedOutput(engine.target.tokenize(source, add_bos=False, special=False))
+    speeds = {"without": [], "with": []}
+    for _ in range(2):
+        engine.configure(lookup, "auto")
+        speeds["without"].append(run(engine, messages, 600, True)[0])
+        engine.configure(prediction, "auto")
+        prediction.expect(prediction.prediction)
+        speed, g = run(engine, messages, 600, True)
+        speeds["with"].append(speed)
+        print(f"prediction: {speed:.1f} tok/s with, {speeds['without'][-1]:.1f} without "
+              f"({g.stats.accepted_per_drafter.get('prediction', 0)} prediction tokens accepted of "
+              f"{g.stats.generated_tokens})", flush=True)
+    report["prediction"] = speeds
+    print(json.dumps(report, indent=1))
+    engine.close()
+
+
+if __name__ == "__main__":
+    main()
