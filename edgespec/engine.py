@@ -330,7 +330,7 @@ class Engine:
         # Draft no more than every model's context holds or the caller will use (the
         # target's own token after the drafts makes up the last one): the one check.
         limit = min(run.n_ctx - len(ctx), run.max_tokens - stats.generated_tokens - 1)
-        drafting = draft_round(self.planner, ctx, limit, run.params, run.rng, self._clock) \
+        drafting = draft_round(self.planner, ctx, limit, run.params, run.rng, self._clock, run.shaping) \
             if run.speculative and limit > 0 else DraftingRound((), None, Draft([]), 0.0)
         reports, verified, draft = drafting.reports, drafting.verified, drafting.draft
         stats.draft_time_s += drafting.seconds

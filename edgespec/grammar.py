@@ -189,7 +189,9 @@ class Grammar:
             rows = self._walk(drafts, stop_at_refused=False)
         out = np.ones((len(drafts) + 1, vocab_size), dtype=bool)
         for i, row in enumerate(rows):
-            out[i] = row[:vocab_size]
+            known = min(vocab_size, len(row))
+            out[i, :known] = row[:known]
+            out[i, known:] = False  # (a drafter's ids beyond the grammar's vocabulary)
         return out
 
     def _walk(self, drafts: list[int], *, stop_at_refused: bool) -> list[np.ndarray]:

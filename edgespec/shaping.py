@@ -117,6 +117,24 @@ class Shaping:
             out[~allowed] = -np.inf
         return out
 
+    def row_after(self, logits: np.ndarray, context: Sequence[int], drafts: Sequence[int]) -> np.ndarray:
+        """One row of logits ``[V]`` of a model that drafts, shaped for the position
+        after ``context`` and ``drafts`` (a draft model's q, masked and penalised as the
+        target's p will be there, so that its drafts are not wasted)."""
+        out = np.array(logits, dtype=np.float32)
+        vocab = out.shape[-1]
+        if len(self._bias_ids):
+            keep = self._bias_ids < vocab
+            out[self._bias_ids[keep]] += self._bias[keep]
+        if self.presence_penalty or self.frequency_penalty:
+            self._penalize(out, Counter([*context[self._start:], *drafts]))
+        if self.rule is not None:
+            self.rule.sync(context[self._start:])
+            allowed = self.rule.masks(list(drafts), vocab)[-1]
+            if allowed.any():  # (nothing allowed: only past an end, never sampled)
+                out[~allowed] = -np.inf
+        return out
+
     def _penalize(self, row: np.ndarray, counts: Counter) -> None:
         if not counts:
             return

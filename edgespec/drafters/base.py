@@ -117,6 +117,7 @@ class DrafterBase:
     n_ctx: int | None = None
     min_confidence: float | None = None
     cache = None
+    shapes_q = False  # True: propose() takes shaping= (a request's bias, penalties, grammar)
 
     def attach(self, target) -> None:
         """Any target will do."""

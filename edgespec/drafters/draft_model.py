@@ -70,18 +70,23 @@ class DraftModel(DrafterBase):
 
     kind = MODEL
 
+    shapes_q = True
+
     def propose(self, context: Sequence[int], num_draft: int, params: SamplingParams,
-                rng: np.random.Generator | Coupling, *, min_confidence: float | None = None) -> Draft:
+                rng: np.random.Generator | Coupling, *, min_confidence: float | None = None,
+                shaping=None) -> Draft:
         """Sample up to ``num_draft`` tokens from the draft model's q (with a
         :class:`~edgespec.coupling.Coupling`, the tokens its noise decides under q),
         stopping where its top probability falls below ``min_confidence`` (None: the
-        stop it was made with)."""
+        stop it was made with). ``shaping``: a request's bias, penalties or grammar,
+        applied to q as the target applies them to p, so that drafts the target could
+        not take are not drafted (on the host, also for an MLX draft model)."""
         stop = self.min_confidence if min_confidence is None else min_confidence
         self.prefill(context)
         logits, self._next_logits = self._next_logits, None
         if logits is None:  # a token it cannot read
             return Draft([])
-        if self.cache.on_device:
+        if self.cache.on_device and shaping is None:
             return self._propose_on_device(context, logits, num_draft, params, rng, stop)
         token_ids: list[int] = []
         confidence: list[float] = []  # the top probability before each draft (with a stop)
@@ -90,6 +95,8 @@ class DraftModel(DrafterBase):
         probs = None if params.greedy else self._scratch.rows(num_draft, logits.shape[-1])
         scales = None if probs is None else np.empty(num_draft)
         for i in range(num_draft):
+            if shaping is not None:
+                logits = shaping.row_after(np.asarray(logits), context, token_ids)
             weights, blocks = (None, None) if probs is None else \
                 weights_and_blocks(logits, params, out=probs[i])
             if weights is not None:

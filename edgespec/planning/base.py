@@ -169,10 +169,12 @@ class DraftingRound:
 
 
 def draft_round(planner: Planner, context: Sequence[int], limit: int, params, rng,
-                clock: Callable[[], float]) -> DraftingRound:
+                clock: Callable[[], float], shaping=None) -> DraftingRound:
     """Ask ``planner``'s drafters, in the planner's order, for a draft worth verifying
     (at most ``limit`` tokens): each drafter catches up with ``context`` and proposes,
-    timed by ``clock``, until the planner takes a draft or has nothing more to try."""
+    timed by ``clock``, until the planner takes a draft or has nothing more to try.
+    ``shaping``: the request's (:class:`~edgespec.shaping.Shaping`), for a drafter
+    whose q follows it."""
     reports: list[DraftReport] = []
     seconds = 0.0
     while (proposal := planner.plan(context, limit)) is not None:
@@ -180,8 +182,11 @@ def draft_round(planner: Planner, context: Sequence[int], limit: int, params, rn
         start = clock()
         caught_up = drafter.prefill(context)
         proposed = clock()
+        # A drafter whose q can follow a request's shaping gets it (drafts a grammar
+        # refuses would be wasted); the others' refused drafts are cut before verifying.
+        extra = {"shaping": shaping} if shaping is not None and drafter.shapes_q else {}
         draft = drafter.propose(context, proposal.num_draft, params, rng,
-                                min_confidence=proposal.min_confidence)
+                                min_confidence=proposal.min_confidence, **extra)
         done = clock()
         seconds += done - start
         reports.append(DraftReport(proposal, draft, caught_up, proposed - start, done - proposed))
