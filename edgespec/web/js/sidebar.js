@@ -1,18 +1,9 @@
 // The list of conversations: open, rename, delete, search.
+import {button} from "./dom.js";
 import {matches, title} from "./tree.js";
 
 const list = document.getElementById("conversations");
 const search = document.getElementById("search");
-
-function button(className, text, label, onClick) {
-  const b = document.createElement("button");
-  b.type = "button";
-  b.className = className;
-  b.textContent = text;
-  if (label) b.setAttribute("aria-label", label), b.title = label;
-  b.addEventListener("click", onClick);
-  return b;
-}
 
 // conversations: newest first; actions: {open(id), rename(id, name), remove(id)}.
 export function renderList(conversations, currentId, actions) {
@@ -24,10 +15,10 @@ export function renderList(conversations, currentId, actions) {
     li.dataset.id = conversation.id;
     li.classList.toggle("current", conversation.id === currentId);
     const name = title(conversation);
-    const open = button("open", name, null, () => actions.open(conversation.id));
+    const open = button("open", name, () => actions.open(conversation.id));
     open.title = name;
     if (conversation.id === currentId) open.setAttribute("aria-current", "true");
-    const rename = button("act rename", "✎", "Rename", () => {
+    const rename = button("act rename", "✎", () => {
       const input = document.createElement("input");
       input.value = name;
       input.setAttribute("aria-label", "New name");
@@ -44,10 +35,10 @@ export function renderList(conversations, currentId, actions) {
       li.replaceChildren(input);
       input.focus();
       input.select();
-    });
-    const remove = button("act delete", "✕", "Delete", () => {
+    }, "Rename");
+    const remove = button("act delete", "✕", () => {
       if (confirm(`Delete "${name}"?`)) actions.remove(conversation.id);
-    });
+    }, "Delete");
     li.append(open, rename, remove);
     list.append(li);
   }

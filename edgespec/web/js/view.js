@@ -1,19 +1,10 @@
 // The shown branch of a conversation: messages, their versions, and their actions.
 import {render} from "./markdown.js";
 import {statsLine} from "./stats.js";
+import {button} from "./dom.js";
 import {branch, version} from "./tree.js";
 
 const container = document.getElementById("messages");
-
-function button(className, text, onClick, label) {
-  const b = document.createElement("button");
-  b.type = "button";
-  b.className = className;
-  b.textContent = text;
-  if (label) b.setAttribute("aria-label", label);
-  b.addEventListener("click", onClick);
-  return b;
-}
 
 // context: {conversation, streamingId, model, actions: {edit, regenerate, switchVersion,
 // measurePlain, copy}}
