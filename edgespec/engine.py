@@ -162,10 +162,9 @@ class Engine:
         if logprobs is not None and (not isinstance(logprobs, int) or isinstance(logprobs, bool)
                                      or not 0 <= logprobs <= 20):
             raise ValueError(f"invalid top_logprobs={logprobs!r}: must be an integer from 0 to 20")
+        shaping = shaping if shaping is not None and shaping.active else None
         if shaping is not None:
-            shaping = shaping if shaping.active else None
-            if shaping is not None:
-                shaping.start(self.target, len(prompt_ids))
+            shaping.start(self.target, len(prompt_ids))
         speculative = speculative and bool(self.active_drafters())
         stats = GenerationStats(drafter=self.drafter_name if speculative else "none",
                                 prompt_tokens=len(prompt_ids))

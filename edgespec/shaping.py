@@ -100,39 +100,31 @@ class Shaping:
     def apply(self, logits: np.ndarray, context: Sequence[int], drafts: Sequence[int]) -> np.ndarray:
         """The shaped rows of ``logits [n, V]`` (a new float32 array): row i is the
         target's logits after ``context`` and ``drafts[:i]``, changed as this asks."""
+        return self._shaped(logits, context, drafts, 0)
+
+    def row_after(self, logits: np.ndarray, context: Sequence[int], drafts: Sequence[int]) -> np.ndarray:
+        """One row of logits ``[V]`` of a model that drafts, shaped for the position
+        after ``context`` and ``drafts`` (a draft model's q, masked and penalised as the
+        target's p will be there, so that its drafts are not wasted)."""
+        return self._shaped(np.asarray(logits)[None], context, drafts, len(drafts))[0]
+
+    def _shaped(self, logits: np.ndarray, context: Sequence[int], drafts: Sequence[int],
+                first: int) -> np.ndarray:
+        """Rows of ``logits``, row i after ``context`` and ``drafts[:first + i]``, shaped."""
         out = np.array(logits, dtype=np.float32)  # (a copy: the backend's rows stay as they were)
         rows, vocab = out.shape
         if len(self._bias_ids):
             keep = self._bias_ids < vocab
             out[:, self._bias_ids[keep]] += self._bias[keep]
         if self.presence_penalty or self.frequency_penalty:
-            counts = Counter(context[self._start:])
+            counts = Counter([*context[self._start:], *drafts[:first]])
             for i in range(rows):
                 self._penalize(out[i], counts)
-                if i < len(drafts):
-                    counts[drafts[i]] += 1  # row i + 1 comes after this draft
+                if first + i < len(drafts):
+                    counts[drafts[first + i]] += 1  # the next row comes after this draft
         if self.rule is not None:
             self.rule.sync(context[self._start:])
-            allowed = self.rule.masks(drafts[:rows - 1], vocab)
-            out[~allowed] = -np.inf
-        return out
-
-    def row_after(self, logits: np.ndarray, context: Sequence[int], drafts: Sequence[int]) -> np.ndarray:
-        """One row of logits ``[V]`` of a model that drafts, shaped for the position
-        after ``context`` and ``drafts`` (a draft model's q, masked and penalised as the
-        target's p will be there, so that its drafts are not wasted)."""
-        out = np.array(logits, dtype=np.float32)
-        vocab = out.shape[-1]
-        if len(self._bias_ids):
-            keep = self._bias_ids < vocab
-            out[self._bias_ids[keep]] += self._bias[keep]
-        if self.presence_penalty or self.frequency_penalty:
-            self._penalize(out, Counter([*context[self._start:], *drafts]))
-        if self.rule is not None:
-            self.rule.sync(context[self._start:])
-            allowed = self.rule.masks(list(drafts), vocab)[-1]
-            if allowed.any():  # (nothing allowed: only past an end, never sampled)
-                out[~allowed] = -np.inf
+            out[~self.rule.masks(list(drafts[:first + rows - 1]), vocab)[first:]] = -np.inf
         return out
 
     def _penalize(self, row: np.ndarray, counts: Counter) -> None:

@@ -96,7 +96,7 @@ class DraftModel(DrafterBase):
         scales = None if probs is None else np.empty(num_draft)
         for i in range(num_draft):
             if shaping is not None:
-                logits = shaping.row_after(np.asarray(logits), context, token_ids)
+                logits = shaping.row_after(logits, context, token_ids)
             weights, blocks = (None, None) if probs is None else \
                 weights_and_blocks(logits, params, out=probs[i])
             if weights is not None:
