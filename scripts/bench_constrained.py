@@ -3,7 +3,7 @@ decoding, each speculative run between two plain runs of the same prompt; the ma
 host time per committed token; and Predicted Outputs against the same request
 without its prediction.
 
-    python scripts/bench_constrained.py [--sets edit,chat] [--prompts 4] [--max-tokens 128]
+    python scripts/bench_constrained.py [--sets edit,chat] [--prompts 4] [--max-tokens 128] [--repeats 3]
 
 The schema is {"answer": "..."}: the prompt's own answer inside JSON (the grammar
 forces the frame), so the grammar constrains every token while the reply stays what
@@ -57,6 +57,7 @@ def main() -> None:
     parser.add_argument("--sets", default="edit,chat")
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3, help="Predicted Outputs runs of each kind")
     parser.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
     parser.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct")
     args = parser.parse_args()
@@ -92,17 +93,20 @@ def main() -> None:
     from edgespec.drafters.prediction import PredictedOutput
     lookup = engine.drafter
     prediction = PredictedOutput(engine.target.tokenize(source, add_bos=False, special=False))
-    speeds = {"without": [], "with": []}
-    for _ in range(2):
+    speeds = {"plain": [], "without": [], "with": []}
+    for _ in range(args.repeats):  # interleaved: the machine drifts from minute to minute
+        speeds["plain"].append(run(engine, messages, 600, False)[0])
         engine.configure(lookup, "auto")
         speeds["without"].append(run(engine, messages, 600, True)[0])
         engine.configure(prediction, "auto")
         prediction.expect(prediction.prediction)
         speed, g = run(engine, messages, 600, True)
         speeds["with"].append(speed)
-        print(f"prediction: {speed:.1f} tok/s with, {speeds['without'][-1]:.1f} without "
-              f"({g.stats.accepted_per_drafter.get('prediction', 0)} prediction tokens accepted of "
-              f"{g.stats.generated_tokens})", flush=True)
+        print(f"prediction: {speed:.1f} tok/s with, {speeds['without'][-1]:.1f} without, "
+              f"{speeds['plain'][-1]:.1f} plain ({g.stats.accepted_per_drafter.get('prediction', 0)} "
+              f"prediction tokens accepted of {g.stats.generated_tokens})", flush=True)
+    ratios = [w / o for w, o in zip(speeds["with"], speeds["without"])]
+    print(f"== prediction: {min(ratios):.2f}-{max(ratios):.2f}x the same request without it", flush=True)
     report["prediction"] = speeds
     print(json.dumps(report, indent=1))
     engine.close()

@@ -1,20 +1,31 @@
 """Predicted Outputs: a text the caller expects the reply to resemble (OpenAI's
 ``prediction``, e.g. the file being edited), drafted from.
 
-While the reply so far equals the prediction's beginning, the draft is the
-prediction's next tokens; once they part, prompt lookup over the prediction
-followed by the reply finds where the reply picked the prediction up again (an
-edit's unchanged lines after a changed one). Like every drafter it only
-proposes: what the reply says is the target's alone.
+The drafter keeps a place in the prediction, the token the reply is expected to
+say next, and drafts what follows it. Each token the reply commits either is the
+one at that place (the place moves on) or is not (an edit, or text around the
+prediction such as a code fence). After m such tokens the draft guesses that they
+replaced m of the prediction's (``f5`` renamed ``g5``) and drafts from m past the
+place, unless the reply's last tokens are found in the prediction: then the place
+moves to the occurrence nearest to where it was.
+Nearest, not latest as prompt lookup takes it, because an edit's prediction is
+followed in order: in a file whose functions differ only by a name or a number,
+the latest occurrence of ``return x *`` is almost never the one the reply is at.
+Where nothing matches, the place stays (text was inserted).
+
+Like every drafter it only proposes: what the reply says is the target's alone.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from typing import Sequence
 
 from .base import COPY, Draft, DrafterBase
 from .copying import match_bucket
-from .prompt_lookup import PromptLookup
+
+LONGEST_MATCH = 16  # reply tokens compared when looking for the place again
+NEAR = 64           # a one-token match counts only this close to the old place
 
 
 class PredictedOutput(DrafterBase):
@@ -24,18 +35,23 @@ class PredictedOutput(DrafterBase):
     kind = COPY
 
     def __init__(self, prediction: Sequence[int] = ()):
-        self.lookup = PromptLookup()
         self.expect(prediction)
 
     def expect(self, prediction: Sequence[int]) -> None:
         """The prediction for the next reply (its prompt is the next context prefilled)."""
         self.prediction = [int(t) for t in prediction]
+        self._where = defaultdict(list)  # token -> its positions in the prediction
+        for i, token in enumerate(self.prediction):
+            self._where[token].append(i)
         self._start: int | None = None  # where the reply starts in the context
-        self.lookup.reset()
+        self._read = 0   # reply tokens followed so far
+        self._place = 0  # the prediction's index of the reply's next token
+        self._run = 0    # reply tokens in a row that were the prediction's
+        self._missed = 0  # reply tokens since the last that was the prediction's
 
-    def attach(self, target) -> None:
-        """As prompt lookup (line ends from the target's vocabulary)."""
-        self.lookup.attach(target)
+    def reset(self) -> None:
+        """Follow the prediction from its start again."""
+        self.expect(self.prediction)
 
     def prefill(self, context: Sequence[int]) -> int:
         """The first context seen is the prompt: the reply starts after it."""
@@ -45,10 +61,55 @@ class PredictedOutput(DrafterBase):
 
     def propose(self, context: Sequence[int], num_draft: int, params, rng, *,
                 min_confidence: float | None = None) -> Draft:
-        """The prediction's next tokens while the reply follows it; else a lookup."""
+        """The prediction's tokens after the reply's place in it."""
         self.prefill(context)
-        reply = list(context[self._start:])
-        done = len(reply)
-        if self.prediction[:done] == reply:  # classed by how far the reply has followed it
-            return Draft(self.prediction[done:done + num_draft], None, match_bucket(max(done, 2)))
-        return self.lookup.propose(self.prediction + reply, num_draft, params, rng)
+        self._follow(list(context[self._start:]))
+        start = self._place + self._missed  # (a replacement of as many tokens, if any)
+        draft = self.prediction[start:start + num_draft]
+        if not draft:
+            return Draft([])
+        # Classed as a copy whose match is the run of the prediction's tokens just
+        # said (0 or 1: the place was found again, or not yet: "resume").
+        bucket = match_bucket(self._run) if self._run >= 2 else "resume"
+        return Draft(draft, None, bucket)
+
+    def place(self, reply: Sequence[int]) -> int:
+        """The prediction's index of the token expected after ``reply``."""
+        self._follow(list(reply))
+        return self._place
+
+    def _follow(self, reply: list[int]) -> None:
+        """Move the place along the reply's tokens not read yet (from the start again if
+        the reply is shorter than what was read: a rewind)."""
+        if len(reply) < self._read:
+            self._read = self._place = self._run = self._missed = 0
+        prediction = self.prediction
+        for i in range(self._read, len(reply)):
+            token, replaced = reply[i], self._place + self._missed
+            if self._missed and replaced < len(prediction) and prediction[replaced] == token:
+                self._place, self._missed, self._run = replaced + 1, 0, 1  # a replacement
+            elif self._place < len(prediction) and prediction[self._place] == token:
+                self._place, self._missed, self._run = self._place + 1, 0, self._run + 1
+            else:
+                self._run = 0
+                self._missed += 1
+                self._find(reply[max(0, i + 1 - LONGEST_MATCH):i + 1])
+        self._read = len(reply)
+
+    def _find(self, tail: list[int]) -> None:
+        """Move the place to just past the occurrence in the prediction of the longest
+        suffix of ``tail``, the one nearest the old place; stay if there is none."""
+        best = None  # (match length, -distance, end)
+        for end_token in self._where.get(tail[-1], ()):
+            length = 1
+            while length < len(tail) and end_token - length >= 0 \
+                    and self.prediction[end_token - length] == tail[-1 - length]:
+                length += 1
+            end = end_token + 1
+            if length == 1 and abs(end - self._place) > NEAR:
+                continue  # one common token far away says nothing about the place
+            key = (length, -abs(end - self._place), end)
+            if best is None or key > best:
+                best = key
+        if best is not None:
+            self._place, self._run, self._missed = best[2], best[0], 0
