@@ -52,7 +52,7 @@ class LlamaCppBackend(TokenizerMethods, HostVerify):
                                       False: llama.LLAMA_FLASH_ATTN_TYPE_DISABLED}[flash_attn]
         ctx_params.no_perf = True
         # llama.cpp keeps K/V in f16 by default; f32 makes logits comparable to float32 exactly.
-        ctx_params.type_k = ctx_params.type_v = {"f16": 1, "f32": 0}[kv_cache_type]
+        ctx_params.type_k = ctx_params.type_v = {"f16": 1, "f32": 0, "q8_0": 8}[kv_cache_type]
         self._ctx = llama.llama_init_from_model(self._model, ctx_params)
         if not self._ctx:
             self.tokenizer.close()
