@@ -17,7 +17,8 @@ def load(model: str | os.PathLike, draft: str | os.PathLike | None = None, backe
          n_threads: int | None = None, n_gpu_layers: int = 0, flash_attn: bool | None = None,
          draft_n_threads: int | None = None, draft_n_gpu_layers: int | None = None,
          mlx_quantize: str = "4bit", fetch: bool = True,
-         rpc: str | Sequence[str] | None = None, draft_rpc: str | Sequence[str] | None = None) -> Engine:
+         rpc: str | Sequence[str] | None = None, draft_rpc: str | Sequence[str] | None = None,
+         kernels: str | None = None) -> Engine:
     """Load a target model (and optionally a drafter) and return an :class:`Engine`.
 
     ``model``/``draft``: a .gguf path, a name from ``edgespec models list``, an
@@ -33,6 +34,11 @@ def load(model: str | os.PathLike, draft: str | os.PathLike | None = None, backe
     the target's layers, through llama.cpp's RPC backend; the draft model stays
     on this machine unless ``draft_rpc`` names servers for it.
     Known models that are missing are fetched when ``fetch`` is true.
+    ``kernels="exact"`` runs a llama.cpp target on CPU kernels whose batched passes
+    round as one-token steps (speculative output is plain decoding's, token for
+    token; docs/exactness.md), ``"fast"`` on the fastest; None: ``$EDGESPEC_KERNELS``
+    or the default. The draft model always runs the fast ones (its rounding cannot
+    change the output).
     Raises :class:`~edgespec.errors.EdgespecError` with a readable reason on
     bad input (missing file, incompatible drafter, ...).
     """
@@ -42,14 +48,14 @@ def load(model: str | os.PathLike, draft: str | os.PathLike | None = None, backe
         raise EdgespecError(f"invalid --threads-draft {draft_n_threads}: must be >= 1")
     options = BackendOptions(backend=backend, n_ctx=n_ctx, n_threads=n_threads,
                              n_gpu_layers=n_gpu_layers, flash_attn=flash_attn,
-                             mlx_quantize=mlx_quantize, fetch=fetch, rpc=rpc or ())
+                             mlx_quantize=mlx_quantize, fetch=fetch, rpc=rpc or (), kernels=kernels)
     target = load_backend(model, options)
     try:
         draft_options = replace(
             options, backend=draft_backend or backend,
             n_threads=n_threads if draft_n_threads is None else draft_n_threads,
             n_gpu_layers=n_gpu_layers if draft_n_gpu_layers is None else draft_n_gpu_layers,
-            rpc=draft_rpc or ())
+            rpc=draft_rpc or (), kernels="fast")
         # A stop the user chose is the draft model's own, in every mode (auto mode keeps
         # it); otherwise auto mode learns where to stop. The engine checks the pair first,
         # then (in auto mode) times it, the first time, through the caches it generates with.

@@ -124,7 +124,7 @@ def run_bench(config: BenchConfig, options: BackendOptions, *, progress=None, lo
         if spec in BUILTIN:
             drafters[spec], memory[spec] = make_drafter(spec), 0
         else:
-            backend = load_backend(spec, replace(options, rpc=()))  # draft models stay here
+            backend = load_backend(spec, replace(options, rpc=(), kernels="fast"))  # draft models stay here
             drafters[backend.name] = DraftModel(backend)
             memory[backend.name] = getattr(backend, "memory_bytes", 0)
     models = [(name, d.backend) for name, d in drafters.items() if d.kind == MODEL]

@@ -56,6 +56,11 @@ def add_model_options(parser: argparse.ArgumentParser, *, model_required: bool =
                         help="CPU threads of the draft model (default: as --threads)")
     parser.add_argument("--ctx", type=int, default=4096, help="context size in tokens")
     parser.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto")
+    parser.add_argument("--kernels", choices=("exact", "fast"), default=None,
+                        help="llama.cpp on the CPU: 'exact' kernels round a batched pass as "
+                             "one-token steps, so speculative output is plain decoding's token for "
+                             "token (docs/exactness.md); 'fast' the fastest (default: "
+                             "$EDGESPEC_KERNELS, else fast)")
     parser.add_argument("--mlx-quantize", choices=("4bit", "8bit", "none"), default="4bit",
                         help="MLX: requantize GGUF tensors other than Q4_0/Q4_1/Q8_0 to this")
 
@@ -84,7 +89,7 @@ def backend_options(args) -> BackendOptions:
     return BackendOptions(backend=args.backend, n_ctx=args.ctx, n_threads=args.threads,
                           n_gpu_layers=args.n_gpu_layers,
                           flash_attn={"auto": None, "on": True, "off": False}[args.flash_attn],
-                          mlx_quantize=args.mlx_quantize)
+                          mlx_quantize=args.mlx_quantize, kernels=args.kernels)
 
 
 def sampling_params(args):
@@ -139,7 +144,8 @@ def build_engine(args, *, fetch: bool = False):
                 draft_p_min=args.draft_p_min, n_ctx=o.n_ctx,
                 n_threads=o.n_threads, n_gpu_layers=o.n_gpu_layers, flash_attn=o.flash_attn,
                 draft_n_threads=args.threads_draft, draft_n_gpu_layers=args.n_gpu_layers_draft,
-                mlx_quantize=o.mlx_quantize, fetch=fetch, rpc=args.rpc, draft_rpc=args.rpc_draft)
+                mlx_quantize=o.mlx_quantize, fetch=fetch, rpc=args.rpc, draft_rpc=args.rpc_draft,
+                kernels=o.kernels)
 
 
 def writable(path: str, flag: str) -> str:

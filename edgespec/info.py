@@ -44,6 +44,8 @@ def _llama_cpp_rows() -> list[tuple[str, str]]:
         rows.append(("  devices", "; ".join(devices)))
     rows.append(("  default threads", f"{physical_core_count()} (physical cores)"))
     rows.append(("  weight repacking", describe_repacking()))
+    from .backends.kernels import describe as describe_kernels
+    rows.append(("  kernels (--kernels)", describe_kernels()))
     info = llama_cpp.llama_print_system_info().decode(errors="replace").strip()
     rows.append(("  system info", info))
     return rows

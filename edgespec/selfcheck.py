@@ -14,13 +14,16 @@ Four checks, each PASS or FAIL with its figures:
   The rows keep their 2,047 likeliest ids and one for the rest of the
   vocabulary (its logit the log-sum-exp of theirs at the temperature), so that
   tens of thousands of rounds take seconds;
-- **greedy**: greedy speculative output equals plain greedy output, or the two
-  part where plain decoding's two best logits are within 0.5 (a batched pass and
-  a one-token pass round differently on llama.cpp's CPU kernels);
+- **greedy**: greedy speculative output equals plain greedy output. With exact
+  kernels (a llama.cpp target on the CPU, ``--kernels exact``) no split is
+  allowed at all; otherwise the two may part where plain decoding's two best
+  logits are within 0.5 (a batched pass and a one-token pass round differently:
+  scripts/kernel_invariance.py measured differences of 0.34-1.1 in logits);
 - **one seed, one text**: with seed-invariant sampling, plain decoding, the
   draft model at k = 2 and 4, prompt lookup and auto mode give one text, or part
   where the race that decided a token was within a near-tie (its two best
-  entries within 0.5 / T in log terms: the same rounding).
+  entries within 0.5 / T in log terms: the same rounding); with exact kernels,
+  one text and no exception.
 """
 
 from __future__ import annotations
@@ -252,6 +255,12 @@ def _logits_after(engine: Engine, context: list[int]) -> np.ndarray:
     return logits
 
 
+def near_tie(engine: Engine) -> float:
+    """The top-2 gap in logits under which a split from plain decoding is forgiven: none
+    with exact kernels (batched passes round as one-token steps), else NEAR_TIE."""
+    return 0.0 if getattr(engine.target, "bit_exact", False) else NEAR_TIE
+
+
 def _greedy_check(engine: Engine, draft: DraftModel, prompts: list[list[int]], tokens: int) -> Check:
     greedy, worst, splits = SamplingParams(temperature=0), None, []
     for ids in prompts:
@@ -267,12 +276,14 @@ def _greedy_check(engine: Engine, draft: DraftModel, prompts: list[list[int]], t
             gap = float(top[1] - top[0])
             splits.append({"k": k, "token": split, "top2_gap": gap})
             worst = gap if worst is None else max(worst, gap)
-    passed = worst is None or worst < NEAR_TIE
+    limit = near_tie(engine)
+    passed = worst is None or worst < limit
     detail = "equal to plain decoding" if not splits else \
         f"{len(splits)} of {2 * len(prompts)} runs part from plain decoding, at top-2 gaps up to " \
-        f"{worst:.3f} (a near-tie: < {NEAR_TIE})" if passed else \
-        f"parts from plain decoding where its top-2 gap is {worst:.3f} (not a near-tie)"
-    return Check(CHECKS[2], passed, detail, {"splits": splits, "near_tie": NEAR_TIE})
+        f"{worst:.3f} (a near-tie: < {limit})" if passed else \
+        f"parts from plain decoding where its top-2 gap is {worst:.3f} " + \
+        ("(exact kernels allow no split)" if not limit else "(not a near-tie)")
+    return Check(CHECKS[2], passed, detail, {"splits": splits, "near_tie": limit})
 
 
 def race_gap(logits: np.ndarray, params: SamplingParams, coupling: Coupling, position: int) -> float:
@@ -311,13 +322,14 @@ def _seed_check(engine: Engine, draft: DraftModel, prompts: list[list[int]], tok
             splits.append({"mode": label, "token": split, "race_gap": gap})
             worst = gap if worst is None else max(worst, gap)
     engine.configure(None, 1)
-    limit = NEAR_TIE / params.temperature
+    limit = near_tie(engine) / params.temperature
     passed = worst is None or worst < limit
     runs = len(modes) * len(prompts)
     detail = f"one text in {runs} runs (draft model k=2, 4, lookup, auto) and plain decoding" \
         if not splits else f"{len(splits)} of {runs} runs part from plain decoding, at race gaps up " \
         f"to {worst:.3f} (a near-tie: < {limit:.2f})" if passed else \
-        f"parts from plain decoding where the race's gap is {worst:.3f} (not a near-tie)"
+        f"parts from plain decoding where the race's gap is {worst:.3f} " + \
+        ("(exact kernels allow no split)" if not limit else "(not a near-tie)")
     return Check(CHECKS[3], passed, detail, {"splits": splits, "seed": seed,
                                                         "near_tie": limit})
 

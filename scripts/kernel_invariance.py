@@ -7,6 +7,7 @@ its switches (``GGML_CPU_TILED_MM``, the repacked buffers) when it first loads.
 
     python scripts/kernel_invariance.py [--model qwen2.5-coder-1.5b-instruct]
         [--sizes 2,4,8,9,16,33,64,65] [--contexts 60,700] [--settings default,exact]
+    python scripts/kernel_invariance.py --model smollm2-135m-instruct --settings mlx
 
 Settings (``--settings``; names of :data:`SETTINGS`): edgespec's default, and the
 switches one at a time, so the op each one governs shows.
@@ -31,6 +32,9 @@ SETTINGS = {
     "norepack+fa+untiled": ({**NO_REPACK, **UNTILED}, {"flash_attn": True}),
     "norepack+fa+kvq8": (NO_REPACK, {"flash_attn": True, "kv_cache_type": "q8_0"}),
     "norepack+fa+untiled+kvq8": ({**NO_REPACK, **UNTILED}, {"flash_attn": True, "kv_cache_type": "q8_0"}),
+    "fa+kvq8": ({}, {"flash_attn": True, "kv_cache_type": "q8_0"}),
+    "exact": ({}, {"kernels": "exact"}),  # what --kernels exact sets (verify passes in pieces)
+    "mlx": ({}, {"backend": "mlx"}),
 }
 
 
@@ -38,11 +42,14 @@ def probe(model: str, sizes: list[int], contexts: list[int], options: dict) -> d
     """In this process: {context: {n: max |difference|}}."""
     import numpy as np
 
-    from edgespec.backends.llamacpp import LlamaCppBackend
-    from edgespec.models.catalog import resolve_model
+    from edgespec.models.loading import BackendOptions, load_backend
 
-    path = resolve_model(model, fetch=True)
-    backend = LlamaCppBackend(path, n_ctx=2048, **options)
+    if options.get("backend") == "mlx":  # (MLX has no such settings: its one way, measured)
+        backend = load_backend(model, BackendOptions(backend="mlx", n_ctx=2048, fetch=True))
+    else:
+        from edgespec.backends.llamacpp import LlamaCppBackend
+        from edgespec.models.catalog import resolve_model
+        backend = LlamaCppBackend(resolve_model(model, fetch=True), n_ctx=2048, **options)
     text = ("def mean(xs):\n    return sum(xs) / len(xs)\n\n" * 200)
     corpus = backend.tokenize(text, add_bos=False, special=False)
     result = {}
@@ -50,9 +57,10 @@ def probe(model: str, sizes: list[int], contexts: list[int], options: dict) -> d
         prompt = corpus[:length]
         tokens = corpus[length:length + max(sizes)]
         result[length] = {}
+        backend.rewind(0)
+        backend.forward(prompt, last_only=True)
         for n in sizes:
-            backend.rewind(0)
-            backend.forward(prompt, last_only=True)
+            backend.rewind(length)
             batched = backend.forward(tokens[:n])
             backend.rewind(length)
             steps = np.concatenate([backend.forward([t]) for t in tokens[:n]])
@@ -66,7 +74,7 @@ def main() -> None:
     parser.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
     parser.add_argument("--sizes", default="2,4,5,8,9,16,33,63,64,65")
     parser.add_argument("--contexts", default="60,700")
-    parser.add_argument("--settings", default=",".join(SETTINGS))
+    parser.add_argument("--settings", default=",".join(s for s in SETTINGS if s != "mlx"))
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]

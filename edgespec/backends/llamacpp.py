@@ -18,6 +18,7 @@ from ..acceptance import HostVerify
 from ..errors import EdgespecError
 from .base import TokenizerMethods, check_forward, closed_error
 from .gguf_tokenizer import GGUFTokenizer
+from .kernels import EXACT, EXACT_KV_CACHE, invariant_chunk, kernel_mode
 from .llama_lib import Log, check_gguf_file, free_model, llama, load_model, physical_core_count
 
 class LlamaCppBackend(TokenizerMethods, HostVerify):
@@ -26,7 +27,7 @@ class LlamaCppBackend(TokenizerMethods, HostVerify):
     def __init__(self, model_path: str | os.PathLike, *, n_ctx: int = 4096,
                  n_threads: int | None = None, n_gpu_layers: int = 0,
                  flash_attn: bool | None = None, n_batch: int = 512, kv_cache_type: str = "f16",
-                 name: str | None = None, rpc: Sequence[str] = ()):
+                 name: str | None = None, rpc: Sequence[str] = (), kernels: str | None = None):
         path = check_gguf_file(model_path)
         self.path = path
         self.name = name or path.stem
@@ -35,6 +36,16 @@ class LlamaCppBackend(TokenizerMethods, HostVerify):
         if self.rpc and n_gpu_layers == 0:
             n_gpu_layers = -1  # all of them: --rpc means the layers go there (-ngl N: only N)
         self.n_gpu_layers = n_gpu_layers
+        # Bit-exact kernels (backends/kernels.py): only on the CPU, where they are known.
+        self.kernels = kernel_mode(kernels)
+        self.exact_chunk = 0  # with exact kernels: the longest pass that rounds as one-token steps
+        if self.kernels != EXACT:
+            self.not_exact = "fast kernels: a batched pass and a one-token pass round differently"
+        elif n_gpu_layers or self.rpc:
+            self.not_exact = "GPU or RPC offload: no batch-invariant kernels are known there"
+        else:
+            self.not_exact = None
+            flash_attn, kv_cache_type = True, EXACT_KV_CACHE
 
         self._model = load_model(path, n_gpu_layers=n_gpu_layers, rpc=self.rpc)
         self.tokenizer = GGUFTokenizer(self._model)
@@ -67,6 +78,11 @@ class LlamaCppBackend(TokenizerMethods, HostVerify):
         self._batch = llama.llama_batch_init(self.n_batch, 0, 1)
         self._n_past = 0
         self.n_vocab = self.vocab.size
+        if self.not_exact is None:
+            self.exact_chunk = invariant_chunk(self)
+            if not self.exact_chunk:
+                self.not_exact = "on this CPU and build even a 2-token pass rounds unlike one-token steps"
+        self.bit_exact = self.not_exact is None
 
     # -- evaluation ---------------------------------------------------------------
 
@@ -80,6 +96,11 @@ class LlamaCppBackend(TokenizerMethods, HostVerify):
             raise closed_error(self.name)
         n = len(tokens)
         check_forward(self._n_past, n, self.n_ctx)
+        if self.exact_chunk and not last_only and n > self.exact_chunk:
+            # Exact kernels: a verify pass in pieces that round as one-token steps.
+            c = self.exact_chunk
+            return np.concatenate([self._decode(tokens[i:i + c], want_logits=True)
+                                   for i in range(0, n, c)])
         # Long inputs (prompts) go in n_batch chunks; logits only come from the last chunk.
         start = 0
         while n - start > self.n_batch:

@@ -26,6 +26,7 @@ class BackendOptions:
     fetch: bool = False  # fetch a known model that is not downloaded yet
     mlx_quantize: str = "4bit"  # GGUF files with other than Q4_0/Q4_1/Q8_0 tensors, on MLX
     rpc: tuple[str, ...] = ()  # rpc-server endpoints for the model's layers (llama.cpp)
+    kernels: str | None = None  # llama.cpp: "exact" or "fast" (backends/kernels.py; None: the default)
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -43,6 +44,8 @@ class BackendOptions:
                                 "use a GGUF model with --backend llama.cpp (or auto)")
         if self.rpc:
             self.backend = "llama.cpp"
+        from ..backends.kernels import kernel_mode
+        self.kernels = kernel_mode(self.kernels)
 
 
 def load_backend(spec: str, options: BackendOptions, *, name: str | None = None) -> Backend:
@@ -53,7 +56,8 @@ def load_backend(spec: str, options: BackendOptions, *, name: str | None = None)
         from ..backends.llamacpp import LlamaCppBackend
         return LlamaCppBackend(path, n_ctx=options.n_ctx, n_threads=options.n_threads,
                                n_gpu_layers=options.n_gpu_layers, flash_attn=options.flash_attn,
-                               name=name or _display_name(spec), rpc=options.rpc)
+                               name=name or _display_name(spec), rpc=options.rpc,
+                               kernels=options.kernels)
     from ..backends.mlx_backend import load_mlx_backend
     return load_mlx_backend(spec, options, name=name or _display_name(spec))
 

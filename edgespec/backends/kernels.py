@@ -1,0 +1,80 @@
+"""Exact kernels: llama.cpp on the CPU with verify passes that round exactly as
+one-token steps, so speculative output is plain decoding's, token for token, with
+no near-tie exception.
+
+Found op by op with ``scripts/kernel_invariance.py`` (an n-token pass against n
+one-token steps, max |logit difference| over Qwen2.5's 151,936 ids; 0 is
+bit-identical). Where llama.cpp's CPU backend takes another route for the rows of a
+batch than for one row:
+
+- **attention without flash attention**: K·Q goes through llamafile's sgemm for
+  n >= 2 tokens, vec_dot for one. Flash attention does each query row alone.
+- **an f16 (or f32) KV cache**: flash attention splits the cache between threads
+  for a one-token step once the cache view reaches 512 cells, and tiles passes of
+  64 queries or more: other summation orders than a batch row's. A q8_0 cache takes
+  neither path.
+- **repacked weights** (CPU_REPACK): a gemm for 4 rows or more, a gemv below.
+- **the tiled K-quant matmul** (``GGML_CPU_TILED_MM``): from 8 rows.
+- (llamafile's sgemm also multiplies Q4_0, Q8_0 and float weights from 2 rows.)
+
+Exact kernels turn on flash attention with a q8_0 KV cache and, for the weights,
+split a verify pass into pieces short enough to take the one-row routes: the
+longest of 7, 3 and 2 tokens that a probe at load finds bit-identical to one-token
+steps (:func:`invariant_chunk`; 3 with repacked Q4_K weights, 7 without). Prompt
+processing stays batched: plain and speculative decoding process a prompt alike.
+A model or CPU where even 2 tokens part gets no exact kernels, and says why; so
+does a GPU or RPC offload, where no such path is known. What they cost is in
+docs/exactness.md (``scripts/bench_kernels.py``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+EXACT, FAST = "exact", "fast"
+MODES = (EXACT, FAST)
+ENV = "EDGESPEC_KERNELS"
+DEFAULT = FAST  # docs/exactness.md: the costs this default was chosen from
+EXACT_KV_CACHE = "q8_0"
+CHUNKS = (7, 3, 2)  # pass sizes the probe tries, longest first (the tiled matmul starts at 8)
+PROBE_TEXT = "def mean(xs):\n    return sum(xs) / len(xs)\n\nprint(mean([1, 2, 3]))\n"
+
+
+def kernel_mode(requested: str | None = None) -> str:
+    """The kernels asked for: ``requested``, else ``$EDGESPEC_KERNELS``, else the default."""
+    mode = requested or os.environ.get(ENV) or DEFAULT
+    if mode not in MODES:
+        from ..errors import EdgespecError
+        raise EdgespecError(f"invalid kernels {mode!r} (--kernels or ${ENV}): use exact or fast")
+    return mode
+
+
+def invariant_chunk(backend) -> int:
+    """The longest pass size of :data:`CHUNKS` whose rows equal one-token steps bit for
+    bit on ``backend`` (a fresh llama.cpp context), after a few tokens of context;
+    0 if none. Leaves the cache empty."""
+    ids = backend.tokenize(PROBE_TEXT, add_bos=False, special=False)
+    start = 4
+    try:
+        for size in CHUNKS:
+            backend.rewind(0)
+            backend.forward(ids[:start], last_only=True)
+            batched = backend.forward(ids[start:start + size])
+            backend.rewind(start)
+            steps = np.concatenate([backend.forward([t]) for t in ids[start:start + size]])
+            if np.array_equal(batched, steps):
+                return size
+        return 0
+    finally:
+        backend.rewind(0)
+
+
+def describe() -> str:
+    """``edgespec info``'s line: which kernels a CPU target runs here, and what that means."""
+    if kernel_mode() == EXACT:
+        return ("exact: speculative output is plain decoding's, token for token (flash attention, "
+                "q8_0 KV cache, verify passes in pieces; docs/exactness.md)")
+    return ("fast: batched and one-token passes round differently, so speculative output may "
+            "part from plain decoding at a near-tie (--kernels exact: token for token)")

@@ -1,0 +1,90 @@
+"""With exact kernels (``kernels="exact"``) speculative output is plain decoding's,
+token for token, with no near-tie exception: greedy, and at T = 0.8 with a seed,
+whatever the drafter and k. Exact equality is what is asserted; a single split
+fails.
+
+The default suite runs SmolLM2 (a Q2_K requantization of it drafts) on 3 prompts
+of 128 tokens; ``-m slow`` runs the full matrix (10 prompts of 256 tokens, draft
+model k = 1-8, lookup, suffix, auto) on SmolLM2 and on the Qwen2.5-Coder pair.
+The fast kernels are the control: there the same comparison is expected to split
+somewhere (tests/test_qwen_pair.py allows it only at a near-tie)."""
+
+import pytest
+
+import edgespec
+from edgespec.backends.llamacpp import LlamaCppBackend
+from edgespec.drafters import DraftModel
+from edgespec.drafters.registry import make_drafter
+from edgespec.prompt_sets import load_prompt_set
+from edgespec.sampling import SamplingParams
+
+
+def prompts(n):
+    mixed = [p for pair in zip(load_prompt_set("code"), load_prompt_set("chat")) for p in pair]
+    return mixed[:n]
+
+
+def modes(draft, ks):
+    out = {f"draft k={k}": (draft, k) for k in ks}
+    out.update({"lookup": (make_drafter("lookup"), 4), "suffix": (make_drafter("suffix"), 4),
+                "auto": (draft, "auto")})
+    return out
+
+
+def assert_one_text(engine, draft, params, n_prompts, tokens, ks):
+    assert engine.target.bit_exact, engine.target.not_exact
+    for prompt in prompts(n_prompts):
+        ids = engine.target.apply_chat_template([{"role": "user", "content": prompt}])
+        engine.configure(None, 1)
+        plain = engine.generate(ids, params, max_tokens=tokens, speculative=False).token_ids
+        for label, (drafter, k) in modes(draft, ks).items():
+            engine.configure(drafter, k)
+            spec = engine.generate(ids, params, max_tokens=tokens)
+            assert spec.token_ids == plain, f"{label} parts from plain decoding on {prompt[:40]!r}"
+
+
+@pytest.fixture(scope="module")
+def smollm2_exact(smollm2_path, smollm2_q2k_path):
+    engine = edgespec.load(smollm2_path, kernels="exact", num_draft=4)
+    draft = DraftModel(LlamaCppBackend(smollm2_q2k_path, kernels="fast"))
+    yield engine, draft
+    engine.close()
+    draft.close()
+
+
+def test_exact_kernels_greedy_equals_plain_on_smollm2(smollm2_exact):
+    assert_one_text(*smollm2_exact, SamplingParams(temperature=0), 3, 128, ks=(1, 2, 5, 8))
+
+
+def test_exact_kernels_one_seed_one_text_on_smollm2(smollm2_exact):
+    params = SamplingParams(temperature=0.8, seed=7, invariant=True)
+    assert_one_text(*smollm2_exact, params, 3, 128, ks=(2, 5))
+
+
+@pytest.mark.slow
+def test_exact_kernels_full_matrix_on_smollm2(smollm2_exact):
+    engine, draft = smollm2_exact
+    assert_one_text(engine, draft, SamplingParams(temperature=0), 10, 256, ks=range(1, 9))
+    assert_one_text(engine, draft, SamplingParams(temperature=0.8, seed=7, invariant=True), 10, 256,
+                    ks=range(1, 9))
+
+
+@pytest.mark.slow
+def test_exact_kernels_full_matrix_on_the_qwen_pair():
+    engine = edgespec.load("qwen2.5-coder-1.5b-instruct", draft="qwen2.5-coder-0.5b-instruct",
+                           kernels="exact", num_draft=4)
+    try:
+        draft = engine.drafter
+        assert_one_text(engine, draft, SamplingParams(temperature=0), 10, 256, ks=range(1, 9))
+        assert_one_text(engine, draft, SamplingParams(temperature=0.8, seed=7, invariant=True), 10, 256,
+                        ks=range(1, 9))
+    finally:
+        engine.close()
+
+
+def test_fast_kernels_say_why_they_are_not_exact(smollm2_path):
+    backend = LlamaCppBackend(smollm2_path, kernels="fast")
+    try:
+        assert not backend.bit_exact and "fast" in backend.not_exact
+    finally:
+        backend.close()
