@@ -13,7 +13,7 @@ PACKAGE = ROOT / "edgespec"
 LAYERS = [
     {"errors", "coupling", "detokenize", "stats", "chat_template", "prompt_sets",
      "models", "models.arguments", "models.catalog"},
-    {"sampling", "shaping", "grammar", "cache", "compat", "backends", "backends.base", "backends.repack", "backends.rpc",
+    {"sampling", "shaping", "grammar", "cache", "compat", "backends", "backends.base", "backends.repack", "backends.kernels", "backends.rpc",
      "backends.llama_lib", "backends.gguf_tokenizer"},
     {"acceptance", "prompting", "quantize", "backends.llamacpp", "backends.mlx_ops",
      "backends.mlx_backend", "backends.gguf_mlx", "backends.toy", "backends.table", "backends.simulated"},
