@@ -19,10 +19,10 @@ from edgespec.coupling import Coupling, race
 from edgespec.drafters.suffix import SuffixDrafter
 from edgespec.models.loading import BackendOptions, load_backend
 from edgespec.sampling import block_sums
-from edgespec.selfcheck import NEAR_TIE, chi_square_sf, race_gap, run_checks
+from edgespec.selfcheck import chi_square_sf, race_gap, run_checks
 from exactness import (SIGNIFICANCE, assert_pair_samples_target, chi_square_pvalue,
                        exact_distribution, sample_continuations)
-from greedy import first_difference
+from greedy import NEAR_TIE, first_difference
 
 PROMPT = [0, 1, 2, 0, 1]
 

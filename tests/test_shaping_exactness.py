@@ -104,7 +104,7 @@ def toy():
 
 @pytest.mark.parametrize("make_shaping, seed", [(penalties, 30), (biased, 31), (grammar, 32)],
                          ids=["penalties", "bias", "grammar"])
-@pytest.mark.parametrize("drafter", ["model", "lookup"])
+@pytest.mark.parametrize("drafter", ["model", pytest.param("lookup", marks=pytest.mark.slow)])
 def test_shaped_sampling_is_exact_on_the_toy_model(make_shaping, seed, drafter):
     target = toy()
     params = SamplingParams(temperature=1.0)
