@@ -127,8 +127,8 @@ def calibration_key(target: Backend, draft: Backend | None) -> str:
                   str(getattr(backend, "n_threads", "")), str(getattr(backend, "n_gpu_layers", ""))]
         if getattr(backend, "rpc", ()):  # its layers on other machines: other costs
             parts.append("rpc=" + ",".join(backend.rpc))
-        if getattr(backend, "bit_exact", False):  # other kernels, other costs
-            parts.append("kernels=exact")
+        if getattr(backend, "bit_exact", False):  # other kernels, other costs: passes in
+            parts.append(f"kernels=exact/{backend.exact_chunk}")  # pieces of this size
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
