@@ -104,3 +104,4 @@ def test_verify_forgives_no_split_with_exact_kernels_and_measures_its_near_tie_w
         assert 0.0 <= tie < 4.0 and fast.target.n_past == 0
     finally:
         fast.close()
+
