@@ -189,7 +189,7 @@ def cmd_verify(args) -> int:
             raise EdgespecError(f"{args.draft} is not a draft model: give -d MODEL")
         print(f"edgespec verify: target {engine.target.name}, draft model {draft.name}", file=sys.stderr)
         kernels = "exact (a split from plain decoding fails)" if getattr(engine.target, "bit_exact", False) \
-            else f"not bit-exact: {getattr(engine.target, 'not_exact', 'MLX')} (splits at near-ties are reported)"
+            else f"not bit-exact: {getattr(engine.target, 'not_exact', 'no batch-invariant kernels on this backend')} (splits at near-ties are reported)"
         print(f"  kernels: {kernels}", file=sys.stderr)
         checks, seconds = timed(run_checks, engine, draft, samples=args.samples,
                                 log=lambda line: print(f"  {line}", file=sys.stderr, flush=True))

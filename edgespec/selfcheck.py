@@ -40,6 +40,7 @@ from .drafters import DraftModel, PromptLookup
 from .engine import Engine
 from .sampling import SamplingParams, logits_to_probs, weights_and_blocks
 from .acceptance import rejection_sample
+from .backends.kernels import pass_difference
 
 SIGNIFICANCE = 0.001   # of each distribution test
 TIE_PASSES = (2, 5, 9)  # pass sizes whose rounding against one-token steps sets the near-tie
@@ -266,17 +267,8 @@ def near_tie(engine: Engine, ids: list[int]) -> float:
     best logits may move by that much)."""
     if getattr(engine.target, "bit_exact", False):
         return 0.0
-    cache, worst = engine.target_cache, 0.0
     base = max(1, len(ids) - max(TIE_PASSES))
-    for n in TIE_PASSES:
-        tokens = ids[base:base + n]
-        cache.rewind(0)
-        cache.forward(ids[:base], last_only=True)
-        batched = np.asarray(cache.forward(tokens), dtype=np.float32)
-        cache.rewind(base)
-        steps = np.concatenate([np.asarray(cache.forward([t]), dtype=np.float32) for t in tokens])
-        worst = max(worst, float(np.max(np.abs(batched - steps))))
-    cache.rewind(0)
+    worst = max(pass_difference(engine.target_cache, ids[:base], ids[base:base + n]) for n in TIE_PASSES)
     return 2 * worst
 
 

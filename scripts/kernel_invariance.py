@@ -40,8 +40,7 @@ SETTINGS = {
 
 def probe(model: str, sizes: list[int], contexts: list[int], options: dict) -> dict:
     """In this process: {context: {n: max |difference|}}."""
-    import numpy as np
-
+    from edgespec.backends.kernels import pass_difference
     from edgespec.models.loading import BackendOptions, load_backend
 
     if options.get("backend") == "mlx":  # (MLX has no such settings: its one way, measured)
@@ -57,14 +56,8 @@ def probe(model: str, sizes: list[int], contexts: list[int], options: dict) -> d
         prompt = corpus[:length]
         tokens = corpus[length:length + max(sizes)]
         result[length] = {}
-        backend.rewind(0)
-        backend.forward(prompt, last_only=True)
         for n in sizes:
-            backend.rewind(length)
-            batched = backend.forward(tokens[:n])
-            backend.rewind(length)
-            steps = np.concatenate([backend.forward([t]) for t in tokens[:n]])
-            result[length][n] = float(np.max(np.abs(batched - steps)))
+            result[length][n] = pass_difference(backend, prompt, tokens[:n])
     backend.close()
     return result
 

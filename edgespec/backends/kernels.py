@@ -51,24 +51,27 @@ def kernel_mode(requested: str | None = None) -> str:
     return mode
 
 
+def pass_difference(model, context, tokens) -> float:
+    """The largest |logit difference| between ``tokens`` evaluated after ``context`` as
+    one pass and as one-token steps, on ``model`` (a backend or a cache: ``forward`` and
+    ``rewind``; its cache is left empty). 0 is bit-identical."""
+    model.rewind(0)
+    model.forward(context, last_only=True)
+    batched = np.asarray(model.forward(tokens), dtype=np.float32)
+    model.rewind(len(context))
+    steps = np.concatenate([np.asarray(model.forward([t]), dtype=np.float32) for t in tokens])
+    model.rewind(0)
+    return float(np.max(np.abs(batched - steps)))
+
+
 def invariant_chunk(backend) -> int:
     """The longest pass size of :data:`CHUNKS` whose rows equal one-token steps bit for
     bit on ``backend`` (a fresh llama.cpp context), after a few tokens of context;
     0 if none. Leaves the cache empty."""
     ids = backend.tokenize(PROBE_TEXT, add_bos=False, special=False)
     start = 4
-    try:
-        for size in CHUNKS:
-            backend.rewind(0)
-            backend.forward(ids[:start], last_only=True)
-            batched = backend.forward(ids[start:start + size])
-            backend.rewind(start)
-            steps = np.concatenate([backend.forward([t]) for t in ids[start:start + size]])
-            if np.array_equal(batched, steps):
-                return size
-        return 0
-    finally:
-        backend.rewind(0)
+    return next((size for size in CHUNKS
+                 if pass_difference(backend, ids[:start], ids[start:start + size]) == 0.0), 0)
 
 
 def describe() -> str:

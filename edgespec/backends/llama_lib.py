@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import EdgespecError
-from .repack import ALL, CPU_ONLY, OFF, cpu_repack_overrides, repack_mode
+from .repack import ALL, CPU_ONLY, cpu_repack_overrides, repack_mode
 
 try:
     import llama_cpp as llama
@@ -121,17 +121,16 @@ def check_gguf_file(path: str | os.PathLike) -> Path:
 
 
 def load_model(path: Path, *, n_gpu_layers: int = 0, vocab_only: bool = False,
-                rpc: Sequence[str] = (), repack: bool = True):
+                rpc: Sequence[str] = ()):
     """Load a GGUF file with llama.cpp (weights, or only its vocabulary); with
     ``rpc``, offload its layers to those ``rpc-server`` endpoints (then this
-    machine's GPUs), as ``llama-cli --rpc`` does. ``repack=False``: the weights stay
-    as the file has them (bit-exact kernels)."""
+    machine's GPUs), as ``llama-cli --rpc`` does."""
     Log.install()
     Log.errors.clear()
     params = llama.llama_model_default_params()
     params.n_gpu_layers = n_gpu_layers
     params.vocab_only = vocab_only
-    mode = repack_mode() if repack else OFF
+    mode = repack_mode()
     params.use_extra_bufts = mode == ALL
     overrides = None  # kept alive until the model is loaded
     if mode == CPU_ONLY and not vocab_only and n_gpu_layers == 0 and not rpc:

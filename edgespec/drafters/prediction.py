@@ -44,14 +44,18 @@ class PredictedOutput(DrafterBase):
         for i, token in enumerate(self.prediction):
             self._where[token].append(i)
         self._start: int | None = None  # where the reply starts in the context
+        self._restart()
+
+    def reset(self) -> None:
+        """Follow the prediction from its start again."""
+        self._start = None
+        self._restart()
+
+    def _restart(self) -> None:
         self._read = 0   # reply tokens followed so far
         self._place = 0  # the prediction's index of the reply's next token
         self._run = 0    # reply tokens in a row that were the prediction's
         self._missed = 0  # reply tokens since the last that was the prediction's
-
-    def reset(self) -> None:
-        """Follow the prediction from its start again."""
-        self.expect(self.prediction)
 
     def prefill(self, context: Sequence[int]) -> int:
         """The first context seen is the prompt: the reply starts after it."""
@@ -63,7 +67,7 @@ class PredictedOutput(DrafterBase):
                 min_confidence: float | None = None) -> Draft:
         """The prediction's tokens after the reply's place in it."""
         self.prefill(context)
-        self._follow(list(context[self._start:]))
+        self._follow(context, self._start)
         start = self._place + self._missed  # (a replacement of as many tokens, if any)
         draft = self.prediction[start:start + num_draft]
         if not draft:
@@ -73,19 +77,15 @@ class PredictedOutput(DrafterBase):
         bucket = match_bucket(self._run) if self._run >= 2 else "resume"
         return Draft(draft, None, bucket)
 
-    def place(self, reply: Sequence[int]) -> int:
-        """The prediction's index of the token expected after ``reply``."""
-        self._follow(list(reply))
-        return self._place
-
-    def _follow(self, reply: list[int]) -> None:
-        """Move the place along the reply's tokens not read yet (from the start again if
-        the reply is shorter than what was read: a rewind)."""
-        if len(reply) < self._read:
-            self._read = self._place = self._run = self._missed = 0
+    def _follow(self, context: Sequence[int], start: int) -> None:
+        """Move the place along the reply's tokens (``context`` from ``start``) not read
+        yet (from the start again if the reply is shorter than what was read: a rewind)."""
+        length = len(context) - start
+        if length < self._read:
+            self._restart()
         prediction = self.prediction
-        for i in range(self._read, len(reply)):
-            token, replaced = reply[i], self._place + self._missed
+        for i in range(self._read, length):
+            token, replaced = context[start + i], self._place + self._missed
             if self._missed and replaced < len(prediction) and prediction[replaced] == token:
                 self._place, self._missed, self._run = replaced + 1, 0, 1  # a replacement
             elif self._place < len(prediction) and prediction[self._place] == token:
@@ -93,8 +93,8 @@ class PredictedOutput(DrafterBase):
             else:
                 self._run = 0
                 self._missed += 1
-                self._find(reply[max(0, i + 1 - LONGEST_MATCH):i + 1])
-        self._read = len(reply)
+                self._find(list(context[start + max(0, i + 1 - LONGEST_MATCH):start + i + 1]))
+        self._read = length
 
     def _find(self, tail: list[int]) -> None:
         """Move the place to just past the occurrence in the prediction of the longest
