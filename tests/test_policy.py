@@ -629,3 +629,21 @@ def test_auto_mode_keeps_a_stop_the_user_chose(tmp_path, monkeypatch):
     drafter.min_confidence = 0.4
     config = auto_planner(target, drafter).config
     assert not config.learn_stop and config.draft_p_min == 0.4
+
+
+def test_a_draft_model_asked_while_in_step_is_not_timed_as_free():
+    # After the engine prefilled it, a draft model has its first token's row at hand: asked
+    # then, and unsure of that token, it took no step and no time. Timed as a step, that
+    # made it free (c ~ 0), and a free drafter is asked for all it has, with no stop (chat
+    # replies: drafts of 32 and 64 tokens, 2 accepted).
+    drafter = DraftModel(ToyBackend.random(4, seed=0, name="toy-draft"))
+    planner = AdaptivePlanner([drafter], CostModel({"v": {"2": 1.3}, "c": {"toy-draft": 0.3}}))
+
+    def rounds(report, n=5):
+        for _ in range(n):
+            planner.observe(RoundResult(None, None, 0, 0, 1, 1.0, np.ones(1), (report,)))
+
+    rounds(DraftReport(Proposal(drafter, 8), Draft([]), 0, 0.0, 1e-5))  # in step: no step taken
+    assert planner.cost.c("toy-draft") == pytest.approx(0.3)
+    rounds(DraftReport(Proposal(drafter, 8), Draft([]), 1, 0.2, 1e-5))  # caught up a token: a step
+    assert planner.cost.c("toy-draft") == pytest.approx(0.2, rel=0.01)

@@ -313,6 +313,11 @@ class AdaptivePlanner:
             if steps > 1:
                 self.cost.observe_draft(name, steps - 1, report.draft_seconds)
         else:  # the usual one or two tokens: the first drafting step
+            if report.caught_up == 0 and report.proposal.drafter.kind == MODEL:
+                # A draft model already in step (the engine prefilled it) has its first
+                # token's row at hand: no step for it. Timed as one, a model unsure of
+                # that token measured as free, and free drafters draft without a stop.
+                steps -= 1
             self.cost.observe_draft(name, steps, report.catch_up_seconds + report.draft_seconds)
 
     def _typical_draft_cost(self, name: str, report: DraftReport) -> float:
