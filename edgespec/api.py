@@ -34,9 +34,10 @@ def load(model: str | os.PathLike, draft: str | os.PathLike | None = None, backe
     the target's layers, through llama.cpp's RPC backend; the draft model stays
     on this machine unless ``draft_rpc`` names servers for it.
     Known models that are missing are fetched when ``fetch`` is true.
-    ``kernels="exact"`` runs a llama.cpp target on CPU kernels whose batched passes
-    round as one-token steps (speculative output is plain decoding's, token for
-    token; docs/exactness.md), ``"fast"`` on the fastest; None: ``$EDGESPEC_KERNELS``
+    ``kernels="exact"`` runs the target's verify passes on kernels that round as
+    one-token steps (speculative output is plain decoding's, token for token;
+    docs/exactness.md): llama.cpp on the CPU, MLX where a probe at load finds its
+    passes do; ``"fast"`` on the fastest; None: ``$EDGESPEC_KERNELS``
     or the default. The draft model always runs the fast ones (its rounding cannot
     change the output).
     Raises :class:`~edgespec.errors.EdgespecError` with a readable reason on

@@ -57,9 +57,10 @@ def add_model_options(parser: argparse.ArgumentParser, *, model_required: bool =
     parser.add_argument("--ctx", type=int, default=4096, help="context size in tokens")
     parser.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto")
     parser.add_argument("--kernels", choices=("exact", "fast"), default=None,
-                        help="llama.cpp on the CPU: 'exact' kernels round a batched pass as "
-                             "one-token steps, so speculative output is plain decoding's token for "
-                             "token (docs/exactness.md); 'fast' the fastest (default: "
+                        help="'exact': verify passes that round as one-token steps (llama.cpp "
+                             "on the CPU, MLX where a probe at load finds they do), so "
+                             "speculative output is plain decoding's token for token "
+                             "(docs/exactness.md); 'fast' the fastest (default: "
                              "$EDGESPEC_KERNELS, else fast)")
     parser.add_argument("--mlx-quantize", choices=("4bit", "8bit", "none"), default="4bit",
                         help="MLX: requantize GGUF tensors other than Q4_0/Q4_1/Q8_0 to this")

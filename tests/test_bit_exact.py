@@ -70,17 +70,24 @@ def test_exact_kernels_full_matrix_on_smollm2(smollm2_exact):
                     ks=range(1, 9))
 
 
-@pytest.mark.slow
-def test_exact_kernels_full_matrix_on_the_qwen_pair():
+@pytest.fixture(scope="module")
+def qwen_exact():
     engine = edgespec.load("qwen2.5-coder-1.5b-instruct", draft="qwen2.5-coder-0.5b-instruct",
                            kernels="exact", num_draft=4)
-    try:
-        draft = engine.drafter
-        assert_one_text(engine, draft, SamplingParams(temperature=0), 10, 256, ks=range(1, 9))
-        assert_one_text(engine, draft, SamplingParams(temperature=0.8, seed=7, invariant=True), 10, 256,
-                        ks=range(1, 9))
-    finally:
-        engine.close()
+    yield engine
+    engine.close()
+
+
+@pytest.mark.slow
+def test_exact_kernels_greedy_equals_plain_over_the_matrix_on_the_qwen_pair(qwen_exact):
+    assert_one_text(qwen_exact, qwen_exact.drafter, SamplingParams(temperature=0), 10, 256,
+                    ks=range(1, 9))
+
+
+@pytest.mark.slow
+def test_exact_kernels_one_seed_one_text_over_the_matrix_on_the_qwen_pair(qwen_exact):
+    params = SamplingParams(temperature=0.8, seed=7, invariant=True)
+    assert_one_text(qwen_exact, qwen_exact.drafter, params, 10, 256, ks=range(1, 9))
 
 
 def test_fast_kernels_say_why_they_are_not_exact(smollm2_path):
@@ -105,3 +112,41 @@ def test_verify_forgives_no_split_with_exact_kernels_and_measures_its_near_tie_w
     finally:
         fast.close()
 
+
+
+def mlx_exact(path):
+    from edgespec.models.loading import BackendOptions, load_backend
+    return load_backend(str(path), BackendOptions(backend="mlx", n_ctx=512, kernels="exact"))
+
+
+def test_mlx_exact_kernels_probe_its_passes(smollm2_path):
+    """MLX has one set of kernels: exact ones are a probe at load, and passes no longer
+    than the longest size it found to round as one-token steps (on the CPU: all it tries)."""
+    import mlx.core as mx
+    from edgespec.backends.kernels import MLX_CHUNKS
+    backend = mlx_exact(smollm2_path)
+    try:
+        if mx.default_device() == mx.cpu:  # measured: the CPU backend's passes are invariant
+            assert backend.bit_exact and backend.exact_chunk == MLX_CHUNKS[0]
+        else:
+            assert backend.bit_exact or backend.not_exact
+    finally:
+        backend.close()
+
+
+@pytest.mark.slow
+def test_mlx_exact_kernels_greedy_and_seeded_equal_plain(smollm2_path, smollm2_q2k_path):
+    from edgespec.backends.kernels import pass_difference
+    engine = edgespec.Engine(mlx_exact(smollm2_path), None)
+    draft = DraftModel(LlamaCppBackend(smollm2_q2k_path, kernels="fast"))
+    try:
+        target = engine.target
+        if target.bit_exact:  # a pass longer than the probe's, in pieces, rounds as steps too
+            ids = target.tokenize("\n".join(prompts(6)), add_bos=False, special=False)
+            assert pass_difference(target, ids[:20], ids[20:20 + target.exact_chunk + 5]) == 0.0
+        assert_one_text(engine, draft, SamplingParams(temperature=0), 2, 128, ks=(2, 8))
+        assert_one_text(engine, draft, SamplingParams(temperature=0.8, seed=7, invariant=True), 2, 128,
+                        ks=(3,), copies=("lookup",))
+    finally:
+        engine.close()
+        draft.close()

@@ -39,7 +39,10 @@ ENV = "EDGESPEC_KERNELS"
 DEFAULT = FAST  # docs/exactness.md: the costs this default was chosen from
 EXACT_KV_CACHE = "q8_0"
 CHUNKS = (7, 3, 2)  # pass sizes the probe tries, longest first (the tiled matmul starts at 8)
-PROBE_TEXT = "def mean(xs):\n    return sum(xs) / len(xs)\n\nprint(mean([1, 2, 3]))\n"
+# MLX: its CPU backend measured bit-identical from 2 to 33 tokens; what Metal does is for
+# the probe to find on the Mac (docs/exactness.md).
+MLX_CHUNKS = (33, 9, 3, 2)
+PROBE_TEXT = "def mean(xs):\n    return sum(xs) / len(xs)\n\nprint(mean([1, 2, 3]))\n" * 3
 
 
 def kernel_mode(requested: str | None = None) -> str:
@@ -64,14 +67,21 @@ def pass_difference(model, context, tokens) -> float:
     return float(np.max(np.abs(batched - steps)))
 
 
-def invariant_chunk(backend) -> int:
-    """The longest pass size of :data:`CHUNKS` whose rows equal one-token steps bit for
-    bit on ``backend`` (a fresh llama.cpp context), after a few tokens of context;
-    0 if none. Leaves the cache empty."""
+def invariant_chunk(backend, sizes=CHUNKS) -> int:
+    """The longest pass size of ``sizes`` whose rows equal one-token steps bit for bit
+    on ``backend`` (with an empty cache), after a few tokens of context; 0 if none.
+    Leaves the cache empty."""
     ids = backend.tokenize(PROBE_TEXT, add_bos=False, special=False)
     start = 4
-    return next((size for size in CHUNKS
+    return next((size for size in sizes
                  if pass_difference(backend, ids[:start], ids[start:start + size]) == 0.0), 0)
+
+
+def probe(backend, sizes=CHUNKS) -> tuple[int, str | None]:
+    """Exact kernels on ``backend``: the pass size its verify passes go in
+    (:func:`invariant_chunk`), and why there are none where that is 0 (else None)."""
+    chunk = invariant_chunk(backend, sizes)
+    return chunk, None if chunk else "on this CPU and build even a 2-token pass rounds unlike one-token steps"
 
 
 def describe() -> str:

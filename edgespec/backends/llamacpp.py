@@ -18,7 +18,7 @@ from ..acceptance import HostVerify
 from ..errors import EdgespecError
 from .base import TokenizerMethods, check_forward, closed_error
 from .gguf_tokenizer import GGUFTokenizer
-from .kernels import EXACT, EXACT_KV_CACHE, invariant_chunk, kernel_mode
+from .kernels import EXACT, EXACT_KV_CACHE, kernel_mode, probe
 from .llama_lib import Log, check_gguf_file, free_model, llama, load_model, physical_core_count
 
 class LlamaCppBackend(TokenizerMethods, HostVerify):
@@ -79,9 +79,7 @@ class LlamaCppBackend(TokenizerMethods, HostVerify):
         self._n_past = 0
         self.n_vocab = self.vocab.size
         if self.not_exact is None:
-            self.exact_chunk = invariant_chunk(self)
-            if not self.exact_chunk:
-                self.not_exact = "on this CPU and build even a 2-token pass rounds unlike one-token steps"
+            self.exact_chunk, self.not_exact = probe(self)
         self.bit_exact = self.not_exact is None
 
     # -- evaluation ---------------------------------------------------------------

@@ -20,6 +20,7 @@ import numpy as np
 from ..acceptance import verify_round
 from ..errors import EdgespecError
 from .base import TokenizerMethods, VocabInfo, check_forward, check_token_ids, closed_error
+from .kernels import EXACT, MLX_CHUNKS, kernel_mode, probe
 
 try:
     import mlx.core as mx
@@ -35,7 +36,7 @@ _PREFILL_CHUNK = 512
 class MlxBackend(TokenizerMethods):
     """An mlx-lm model behind the :class:`~edgespec.backends.base.Backend` protocol."""
 
-    def __init__(self, model, tokenizer, *, name: str, n_ctx: int = 4096):
+    def __init__(self, model, tokenizer, *, name: str, n_ctx: int = 4096, kernels: str | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.name = name
@@ -51,6 +52,15 @@ class MlxBackend(TokenizerMethods):
                 f"{name}: speculative decoding requires a trimmable prompt cache (got "
                 f"{', '.join(kinds)}): use a model with a plain KV cache, or --backend llama.cpp")
         self._n_past = 0
+        # Exact kernels (backends/kernels.py): MLX has one set of kernels, so "exact" is a
+        # probe of whether its passes round as one-token steps, and passes no longer than
+        # the longest size that does.
+        self.exact_chunk = 0
+        if kernel_mode(kernels) == EXACT:
+            self.exact_chunk, self.not_exact = probe(self, MLX_CHUNKS)
+        else:
+            self.not_exact = "fast kernels: whether a pass rounds as one-token steps is not checked"
+        self.bit_exact = self.not_exact is None
 
     @property
     def n_past(self) -> int:
@@ -81,7 +91,13 @@ class MlxBackend(TokenizerMethods):
                 self.model(ids[:, start:start + _PREFILL_CHUNK], cache=self.cache)
                 mx.eval([c.state for c in self.cache])
                 start += _PREFILL_CHUNK
-            logits = self.model(ids[:, start:], cache=self.cache)  # [1, n, V]
+            if self.exact_chunk and not last_only and n > self.exact_chunk:
+                # Exact kernels: a verify pass in pieces that round as one-token steps.
+                c = self.exact_chunk
+                logits = mx.concatenate([self.model(ids[:, i:i + c], cache=self.cache)
+                                         for i in range(start, n, c)], axis=1)
+            else:
+                logits = self.model(ids[:, start:], cache=self.cache)  # [1, n, V]
             if last_only:
                 logits = logits[:, -1:, :]
             logits = logits[0].astype(mx.float32)
@@ -225,14 +241,14 @@ def load_mlx_backend(spec: str, options, *, name: str) -> MlxBackend:
         folder = convert_gguf(path, quantize=options.mlx_quantize)
         model, _ = _load_folder(folder)
         tokenizer = GGUFTokenizer.from_file(path)
-        return MlxBackend(model, tokenizer, name=name, n_ctx=options.n_ctx)
+        return MlxBackend(model, tokenizer, name=name, n_ctx=options.n_ctx, kernels=options.kernels)
     folder = path if path.is_dir() else _hub_snapshot(spec)
     model, config = _load_folder(folder)
     from mlx_lm.utils import load_tokenizer
     wrapper = load_tokenizer(folder)
     vocab_size = int(config.get("vocab_size") or wrapper.vocab_size)
     tokenizer = HFTokenizer(wrapper._tokenizer, vocab_size, wrapper.eos_token_ids)
-    return MlxBackend(model, tokenizer, name=name, n_ctx=options.n_ctx)
+    return MlxBackend(model, tokenizer, name=name, n_ctx=options.n_ctx, kernels=options.kernels)
 
 
 def _load_folder(folder: Path):
