@@ -91,12 +91,17 @@ def load_conversations(name_or_file: str) -> list[list[Turn]]:
     return [[prompt] for prompt in load_prompt_set(name_or_file)]
 
 
+def request_entries(name: str) -> list[dict]:
+    """The captured requests of a request set as stored: each with its ``job`` (the
+    client session), ``client`` (e.g. ``aider-whole``), ``turn`` and ``messages``."""
+    return json.loads(resources.files("edgespec").joinpath(f"prompts/{name}.json").read_text())
+
+
 def load_requests(name: str) -> list[list[list[dict]]]:
     """The captured requests of a request set, as conversations: one per client
     session (aider's run on a file, a chat), each turn the messages it sent."""
-    entries = json.loads(resources.files("edgespec").joinpath(f"prompts/{name}.json").read_text())
     sessions: dict[str, list[list[dict]]] = {}
-    for entry in entries:
+    for entry in request_entries(name):
         sessions.setdefault(entry["job"], []).append(entry["messages"])
     return list(sessions.values())
 

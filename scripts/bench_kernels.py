@@ -26,7 +26,6 @@ import statistics
 import subprocess
 import sys
 import time
-from importlib import resources
 
 SIZES = (1, 2, 4, 8, 16, 32)
 
@@ -34,7 +33,7 @@ SIZES = (1, 2, 4, 8, 16, 32)
 def measure(kernels: str, args: argparse.Namespace) -> dict:
     """In this process: the figures of one mode."""
     import edgespec
-    from edgespec.prompt_sets import load_prompt_set
+    from edgespec.prompt_sets import load_prompt_set, request_entries
 
     start = time.perf_counter()
     engine = edgespec.load(args.model, draft=args.draft, backend=args.backend, draft_backend="llama.cpp",
@@ -71,8 +70,7 @@ def measure(kernels: str, args: argparse.Namespace) -> dict:
             plain.append((runs[0] + runs[2]) / 2)
         speeds[name] = {"auto_x_plain": statistics.geometric_mean(ratios), "plain_tok_s": statistics.mean(plain)}
     prefill_s, decode_s = [], []
-    entries = json.loads(resources.files("edgespec").joinpath("prompts/client.json").read_text())
-    whole_file = [e["messages"] for e in entries if e["client"] == "aider-whole"]
+    whole_file = [e["messages"] for e in request_entries("client") if e["client"] == "aider-whole"]
     for messages in whole_file[:args.requests]:
         engine.target_cache.rewind(0)  # cold, as a client's new request finds it
         g = engine.chat(messages, stream=False, temperature=0, max_tokens=args.request_tokens)
