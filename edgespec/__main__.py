@@ -1,5 +1,10 @@
+"""``python -m edgespec``: the command.
+
+May import: cli.
+"""
+
 import sys
 
-from .cli import main
+from .cli.main import main
 
 sys.exit(main())

@@ -1,4 +1,7 @@
-"""The Python API a desktop app embeds: ``edgespec.load(...)`` returns an Engine."""
+"""The Python API a desktop app embeds: ``edgespec.load(...)`` returns an Engine.
+
+May import: models, planner, drafters, backends, core, errors, paths.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +9,10 @@ import os
 from dataclasses import replace
 from typing import Sequence
 
-from .engine import Engine
+from .core.engine import Engine
 from .errors import EdgespecError
 from .models.loading import BackendOptions, load_backend, load_drafter
+from .planner import AutoPlanners
 
 
 def load(model: str | os.PathLike, draft: str | os.PathLike | None = None, backend: str = "auto", *,
@@ -61,7 +65,7 @@ def load(model: str | os.PathLike, draft: str | os.PathLike | None = None, backe
         # it); otherwise auto mode learns where to stop. The engine checks the pair first,
         # then (in auto mode) times it, the first time, through the caches it generates with.
         drafter = load_drafter(draft, draft_options, min_confidence=draft_p_min)
-        return Engine(target, drafter, num_draft=num_draft)
+        return Engine(target, drafter, num_draft=num_draft, planners=AutoPlanners())
     except BaseException:
         target.close()
         raise

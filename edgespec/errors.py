@@ -1,4 +1,7 @@
-"""The one exception type that carries a message meant for the user."""
+"""The one exception type that carries a message meant for the user.
+
+May import: nothing of edgespec.
+"""
 
 
 class EdgespecError(Exception):

@@ -4,6 +4,8 @@ The conversation is re-rendered with the model's chat template every turn;
 the engine's caches keep the longest common prefix, so a new turn evaluates
 only the new message and the template tokens around it, on the target and on
 the draft model.
+
+May import: core, errors.
 """
 
 from __future__ import annotations
@@ -15,12 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from .engine import Engine
-from .generation import Chunk
+from .core.engine import Engine
+from .core.generation import Chunk
 from .errors import EdgespecError
-from .prompting import chat_prompt_ids
-from .sampling import SamplingParams
-from .stats import GenerationStats
+from .core.prompting import chat_prompt_ids
+from .core.sampling import SamplingParams
+from .core.stats import GenerationStats
 
 TRANSCRIPT_VERSION = 1
 
@@ -39,7 +41,7 @@ class TurnResult:
 class ChatSession:
     """One person's conversation with a model.
 
-    ``send`` streams the reply as :class:`~edgespec.generation.Chunk` objects; the
+    ``send`` streams the reply as :class:`~edgespec.core.generation.Chunk` objects; the
     reply (or the part of it produced before an interruption) is kept in the
     history either way.
     """

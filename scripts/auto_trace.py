@@ -20,11 +20,11 @@ from __future__ import annotations
 import argparse
 
 import edgespec
-from edgespec.drafters.base import MODEL
-from edgespec.planning import RoundResult
-from edgespec.prompt_sets import load_conversations, turn_messages
-from edgespec.prompting import chat_prompt_ids
-from edgespec.sampling import SamplingParams
+from edgespec.core.draft import MODEL
+from edgespec.planner import RoundResult
+from edgespec.measure.prompt_sets import load_conversations, turn_messages
+from edgespec.core.prompting import chat_prompt_ids
+from edgespec.core.sampling import SamplingParams
 
 
 def trace(planner) -> None:

@@ -18,9 +18,9 @@ import statistics
 import time
 
 import edgespec
-from edgespec.grammar import Grammar
-from edgespec.prompt_sets import load_prompt_set
-from edgespec.shaping import Shaping
+from edgespec.core.grammar import Grammar
+from edgespec.measure.prompt_sets import load_prompt_set
+from edgespec.core.shaping import Shaping
 
 SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"],
           "additionalProperties": False}

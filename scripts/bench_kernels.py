@@ -33,7 +33,7 @@ SIZES = (1, 2, 4, 8, 16, 32)
 def measure(kernels: str, args: argparse.Namespace) -> dict:
     """In this process: the figures of one mode."""
     import edgespec
-    from edgespec.prompt_sets import load_prompt_set, request_entries
+    from edgespec.measure.prompt_sets import load_prompt_set, request_entries
 
     start = time.perf_counter()
     engine = edgespec.load(args.model, draft=args.draft, backend=args.backend, draft_backend="llama.cpp",

@@ -29,10 +29,10 @@ from rich.table import Table  # noqa: E402
 from edgespec import DraftModel, Engine, PromptLookup, SamplingParams  # noqa: E402
 from edgespec.backends.llamacpp import LlamaCppBackend  # noqa: E402
 from edgespec.drafters.suffix import SuffixDrafter  # noqa: E402
-from edgespec.planning.auto import auto_planner  # noqa: E402
+from edgespec.planner.factory import auto_planner  # noqa: E402
 from edgespec.models.catalog import resolve_model  # noqa: E402
-from edgespec.prompt_sets import load_prompt_set  # noqa: E402
-from edgespec.prompting import chat_prompt_ids  # noqa: E402
+from edgespec.measure.prompt_sets import load_prompt_set  # noqa: E402
+from edgespec.core.prompting import chat_prompt_ids  # noqa: E402
 from llamacpp_reference import NGRAM_MODES  # noqa: E402
 
 MODES = ("plain", "draft", "lookup", "suffix", "auto")

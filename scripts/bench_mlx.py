@@ -29,8 +29,8 @@ from rich.table import Table
 
 from edgespec import DraftModel, Engine, PromptLookup, SamplingParams
 from edgespec.models.loading import BackendOptions, load_backend
-from edgespec.prompt_sets import load_prompt_set
-from edgespec.prompting import chat_prompt_ids
+from edgespec.measure.prompt_sets import load_prompt_set
+from edgespec.core.prompting import chat_prompt_ids
 
 
 def mlx_lm_speculative(target, draft, prompt_ids, *, num_draft, max_tokens, temperature, seed):

@@ -17,7 +17,7 @@ over the mean of those two. The modes:
   tokens, as many as were accepted last time after the same key) as an edgespec
   drafter: the same rule on edgespec's kernels, where llama.cpp's own run differs in
   its kernels too (``--no-repack`` on CPUs with AMX; see edgespec/backends/repack.py);
-- ``ceiling``: the copy ceiling on plain decoding's reply (edgespec/ceiling.py) with
+- ``ceiling``: the copy ceiling on plain decoding's reply (edgespec/measure/ceiling.py) with
   drafts of up to 64 tokens, v(n) measured at the start of the run.
 
 It prints one table per prompt set (a conversation set's later turns, ``SET@2+``,
@@ -42,13 +42,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import numpy as np  # noqa: E402
 
-from edgespec.ceiling import ceiling, copy_lengths  # noqa: E402
-from edgespec.calibration import calibrate  # noqa: E402
-from edgespec.costs import CostModel  # noqa: E402
-from edgespec.drafters.base import Draft, DrafterBase  # noqa: E402
-from edgespec.prompt_sets import load_conversations, turn_messages  # noqa: E402
-from edgespec.prompting import chat_prompt_ids  # noqa: E402
-from edgespec.sampling import SamplingParams  # noqa: E402
+from edgespec.measure.ceiling import ceiling, copy_lengths  # noqa: E402
+from edgespec.planner.calibration import calibrate  # noqa: E402
+from edgespec.planner.costs import CostModel  # noqa: E402
+from edgespec.core.draft import Draft, DrafterBase  # noqa: E402
+from edgespec.measure.prompt_sets import load_conversations, turn_messages  # noqa: E402
+from edgespec.core.prompting import chat_prompt_ids  # noqa: E402
+from edgespec.core.sampling import SamplingParams  # noqa: E402
 
 LLAMA_MODES = {
     "ngram-simple": ["--spec-type", "ngram-simple"],
@@ -139,7 +139,7 @@ def main() -> int:
         os.environ["EDGESPEC_LLAMA_REPACK"] = "0"
 
     import edgespec
-    from edgespec.planning.auto import auto_planner, save_costs
+    from edgespec.planner.factory import auto_planner, save_costs
     from edgespec.models.catalog import defaults, resolve_model
 
     draft = defaults()["chat"]["draft"] if args.draft == "default" else args.draft

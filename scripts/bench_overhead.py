@@ -22,9 +22,9 @@ import statistics
 
 from edgespec.backends.table import TableBackend
 from edgespec.drafters import DraftModel, PromptLookup
-from edgespec.engine import Engine
-from edgespec.planning.auto import auto_planner
-from edgespec.sampling import SamplingParams
+from edgespec.core.engine import Engine
+from edgespec.planner.factory import auto_planner
+from edgespec.core.sampling import SamplingParams
 
 QWEN_VOCAB = 151_936
 # Costs where speculation hardly ever pays (two EPYC cores: verify passes and the draft

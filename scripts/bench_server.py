@@ -22,8 +22,8 @@ from pathlib import Path
 
 import edgespec
 from edgespec import SamplingParams
-from edgespec.prompt_sets import load_prompt_set
-from edgespec.server import ServerSettings, bind, create_app
+from edgespec.measure.prompt_sets import load_prompt_set
+from edgespec.serve.server import ServerSettings, bind, create_app
 
 
 def rate(times: list[float]) -> float:

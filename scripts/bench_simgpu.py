@@ -19,13 +19,13 @@ import statistics
 
 from edgespec.backends.simulated import DeviceClock, SimulatedDevice, gpu_batch_cost
 from edgespec.backends.table import TableBackend
-from edgespec.calibration import calibrate
+from edgespec.planner.calibration import calibrate
 from edgespec.drafters import DraftModel
-from edgespec.engine import Engine
-from edgespec.planning import PolicyConfig
-from edgespec.planning.auto import auto_planner
-from edgespec.sampling import SamplingParams
-from edgespec.stats import GenerationStats
+from edgespec.core.engine import Engine
+from edgespec.planner import PlannerConfig
+from edgespec.planner.factory import auto_planner
+from edgespec.core.sampling import SamplingParams
+from edgespec.core.stats import GenerationStats
 
 QWEN_VOCAB = 151_936
 
@@ -65,7 +65,7 @@ def main() -> None:
     drafter = DraftModel(draft)
     engine = Engine(target, None, num_draft=1, clock=clock)
     prior = calibrate(target, [(drafter.name, draft)], clock=clock).as_prior()
-    config = PolicyConfig()
+    config = PlannerConfig()
     for temperature in (0.0, 0.7):
         params = SamplingParams(temperature=temperature, seed=0)
 

@@ -125,7 +125,7 @@ def free_port() -> int:
 
 
 def start_server(model: str, port: int, ctx: int) -> subprocess.Popen:
-    process = subprocess.Popen([sys.executable, "-m", "edgespec.cli", "serve", "-m", model,
+    process = subprocess.Popen([sys.executable, "-m", "edgespec.cli.main", "serve", "-m", model,
                                 "--port", str(port), "--ctx", str(ctx)],
                                stderr=subprocess.PIPE, text=True)
     for line in process.stderr:

@@ -2,7 +2,7 @@
 
 For each prompt (each turn of a conversation set) this script decodes the
 target's greedy reply, measures what its passes cost on this machine (v(n),
-and c of a draft model), and computes two ceilings (see edgespec/ceiling.py):
+and c of a draft model), and computes two ceilings (see edgespec/measure/ceiling.py):
 the speedup of a drafter that always knows the reply and costs nothing, and
 that of a copying drafter (prompt lookup, the suffix drafter) that always
 knows which copy is right. ``--measure`` also runs both, as drafters of the
@@ -25,12 +25,12 @@ import statistics
 import sys
 
 import edgespec
-from edgespec.ceiling import best_schedule, ceiling, copy_lengths
+from edgespec.measure.ceiling import best_schedule, ceiling, copy_lengths
 from edgespec.drafters.scheduled import ScheduledDrafter
-from edgespec.calibration import calibrate
-from edgespec.prompt_sets import load_conversations, turn_messages
-from edgespec.prompting import chat_prompt_ids
-from edgespec.sampling import SamplingParams
+from edgespec.planner.calibration import calibrate
+from edgespec.measure.prompt_sets import load_conversations, turn_messages
+from edgespec.core.prompting import chat_prompt_ids
+from edgespec.core.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0)
 

@@ -13,7 +13,7 @@ import argparse
 
 from edgespec import Engine, SamplingParams
 from edgespec.models.loading import BackendOptions, load_backend
-from edgespec.prompting import chat_prompt_ids
+from edgespec.core.prompting import chat_prompt_ids
 
 PROMPTS = ["What is the capital of France?", "Write a haiku about autumn.",
            "Explain what a CPU does in one paragraph.", "List three primary colors.",

@@ -16,10 +16,10 @@ import statistics
 import numpy as np
 
 import edgespec
-from edgespec.coupling import race
-from edgespec.prompt_sets import load_prompt_set
-from edgespec.prompting import chat_prompt_ids
-from edgespec.sampling import SamplingParams, logits_to_probs, weights_and_blocks
+from edgespec.core.coupling import race
+from edgespec.measure.prompt_sets import load_prompt_set
+from edgespec.core.prompting import chat_prompt_ids
+from edgespec.core.sampling import SamplingParams, logits_to_probs, weights_and_blocks
 
 
 def main() -> None:

@@ -19,7 +19,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from edgespec.models.catalog import edgespec_home
+from edgespec.paths import edgespec_home
 
 TOOLS = ("llama-bench", "llama-speculative-simple", "llama-lookup")
 

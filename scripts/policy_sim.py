@@ -8,7 +8,7 @@ would have done: its per-position acceptance probability (greedy: argmax match;
 sampled: sum(min(p, q))) and its top probability (for the confidence stop), and
 the target's top probability; and the costs of every pass size up to 65 tokens.
 
-``simulate`` then drives the real :class:`~edgespec.planning.AdaptivePlanner`
+``simulate`` then drives the real :class:`~edgespec.planner.AdaptivePlanner`
 through the planner interface (plan → review → observe), with the real
 :class:`~edgespec.drafters.PromptLookup` (or the real suffix drafter, for
 ``auto+suffix`` and the fixed suffix rows) and a draft model replayed from the
@@ -44,13 +44,13 @@ from dataclasses import fields, replace
 
 import numpy as np
 
-from edgespec.ceiling import ceiling, copy_lengths
-from edgespec.calibration import calibrate
-from edgespec.costs import CALIBRATION_SIZES, CostModel
+from edgespec.measure.ceiling import ceiling, copy_lengths
+from edgespec.planner.calibration import calibrate
+from edgespec.planner.costs import CALIBRATION_SIZES, CostModel
 from edgespec.drafters import Draft, PromptLookup, SuffixDrafter
-from edgespec.planning import DraftReport, RoundResult
-from edgespec.planning import AdaptivePlanner, PolicyConfig
-from edgespec.sampling import SamplingParams, logits_to_probs, top_probability
+from edgespec.planner import DraftReport, RoundResult
+from edgespec.planner import AdaptivePlanner, PlannerConfig
+from edgespec.core.sampling import SamplingParams, logits_to_probs, top_probability
 
 from bench_ngram import MapKRule  # llama.cpp's ngram-map-k rule as an edgespec drafter
 
@@ -59,11 +59,11 @@ TIMED_SIZES = (1, 2, 3, 4, 5, 8, 9, 12, 16, 17, 24, 32, 33, 48, 64, 65)
 
 
 def record(args) -> None:
-    from edgespec.cache import CachedModel
-    from edgespec.engine import Engine
+    from edgespec.core.cache import CachedModel
+    from edgespec.core.engine import Engine
     from edgespec.models.loading import BackendOptions, load_backend
-    from edgespec.prompt_sets import load_conversations, turn_messages
-    from edgespec.prompting import chat_prompt_ids
+    from edgespec.measure.prompt_sets import load_conversations, turn_messages
+    from edgespec.core.prompting import chat_prompt_ids
 
     options = BackendOptions(n_ctx=args.ctx)
     target = load_backend(args.target, options)
@@ -147,7 +147,7 @@ class TraceModel:
     min_confidence = 0.0  # fixed k: no stop; auto: each proposal carries one
 
 
-def replay(trace: dict, true: CostModel, *, config: PolicyConfig | None = None,
+def replay(trace: dict, true: CostModel, *, config: PlannerConfig | None = None,
            prior: dict | None = None, drafter: str | None = None, k: int = 0, rng=None,
            tally: dict | None = None, cheap: str = "lookup", with_model: bool = True,
            noise: float = 0.0, state: dict | None = None, oracle: bool = False) -> float:
@@ -295,14 +295,14 @@ def simulate(args) -> None:
     # or with --first-run the calibration's sizes only; or --prior.
     prior = json.load(open(args.prior)) if args.prior else costs if not args.first_run else {
         **costs, "v": {n: r for n, r in costs["v"].items() if int(n) in CALIBRATION_SIZES}}
-    names = {f.name for f in fields(PolicyConfig)}
+    names = {f.name for f in fields(PlannerConfig)}
     changes = {}
     for setting in args.set:
         name, value = setting.split("=")
         if name not in names:
-            raise SystemExit(f"unknown PolicyConfig field {name!r}: one of {', '.join(sorted(names))}")
-        changes[name] = type(getattr(PolicyConfig(), name))(float(value))
-    config = replace(PolicyConfig(), **changes)
+            raise SystemExit(f"unknown PlannerConfig field {name!r}: one of {', '.join(sorted(names))}")
+        changes[name] = type(getattr(PlannerConfig(), name))(float(value))
+    config = replace(PlannerConfig(), **changes)
     settings = {f"{d} k{k}": dict(drafter=d, k=k) for d in (MODEL, "lookup", "suffix") for k in (2, 4)}
     settings.update({f"lookup k{k}": dict(drafter="lookup", k=k) for k in (8, 16, 64)})
     settings["lookup, stops right"] = dict(drafter="lookup", k=64, oracle=True)
@@ -345,7 +345,7 @@ def simulate(args) -> None:
         cells = [statistics.geometric_mean(speeds[group]) for group in groups]
         table[label] = cells
         print(label.ljust(18) + "".join(f"{c:16.3f}" for c in cells))
-    longest = max(PolicyConfig().max_draft, config.max_draft)
+    longest = max(PlannerConfig().max_draft, config.max_draft)
     ceilings = [statistics.geometric_mean(
         ceiling(copy_lengths(t["prompt"], t["out"], longest), truth(t).v)
         for t in data["traces"] if (t["set"], t["temp"]) == group) for group in groups]
@@ -390,7 +390,7 @@ def main() -> None:
     sim = sub.add_parser("simulate", help="replay auto mode and fixed settings on traces")
     sim.add_argument("traces")
     sim.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                     help="override a PolicyConfig field, e.g. optimism=0.5")
+                     help="override a PlannerConfig field, e.g. optimism=0.5")
     sim.add_argument("--costs", help="a cost file (ratios) of the machine to simulate, instead of "
                      "the one the traces were recorded on (at T = 0 acceptance does not depend on it)")
     sim.add_argument("--prior", help="a cost file (ratios) to start the planner from, "

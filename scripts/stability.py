@@ -26,8 +26,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from edgespec.models.catalog import edgespec_home
-from edgespec.prompt_sets import REQUEST_SETS, load_conversations, load_prompt_set
+from edgespec.paths import edgespec_home
+from edgespec.measure.prompt_sets import REQUEST_SETS, load_conversations, load_prompt_set
 
 
 def generate(prompt: list[str], home: Path, args, *extra: str) -> dict:

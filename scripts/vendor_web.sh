@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # The chat page's JavaScript libraries, pinned: fetched from npm (`npm pack`) and copied,
-# with their licences, into edgespec/web/vendor/ under names that carry their versions
+# with their licences, into edgespec/serve/web/vendor/ under names that carry their versions
 # (the server caches vendor files for a year). The copies are committed: the page needs
 # neither npm nor a network at run time. To update, change a version here, run this,
-# change the import in edgespec/web/js/ that names the file, and commit.
+# change the import in edgespec/serve/web/js/ that names the file, and commit.
 set -euo pipefail
 MARKED=18.3.0       # markdown (MIT)
 DOMPURIFY=3.5.0     # HTML sanitizer (Apache-2.0 or MPL-2.0)
 HIGHLIGHT=11.12.0   # code highlighting, the common languages (BSD-3-Clause)
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
-out="$root/edgespec/web/vendor"
+out="$root/edgespec/serve/web/vendor"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 cd "$work"

@@ -7,7 +7,7 @@ from collections import Counter
 
 import edgespec
 from edgespec.models.catalog import resolve_model
-from edgespec.sampling import SamplingParams
+from edgespec.core.sampling import SamplingParams
 
 engine = edgespec.load(str(resolve_model("smollm2-135m-instruct", fetch=True)), draft="lookup")
 walk, rounds, spine = [], [0], []
@@ -25,7 +25,7 @@ def profile(frame, event, arg):
         if name.startswith("edgespec") and name != caller \
                 and not dataclasses.is_dataclass(frame.f_locals.get("self")):
             walk.append((name.removeprefix("edgespec."), frame.f_code.co_name))
-            if caller == "edgespec.engine":  # the round's spine: what the engine calls
+            if caller == "edgespec.core.engine":  # the round's spine: what the engine calls
                 spine.append((name.removeprefix("edgespec."), frame.f_code.co_name))
 
 

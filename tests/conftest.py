@@ -29,5 +29,5 @@ def smollm2_path():
 @pytest.fixture(scope="session")
 def smollm2_q2k_path(smollm2_path, tmp_path_factory):
     """SmolLM2 requantized to Q2_K: a real, cheaper, slightly different drafter."""
-    from edgespec.quantize import quantize_gguf
+    from edgespec.models.quantize import quantize_gguf
     return quantize_gguf(smollm2_path, tmp_path_factory.mktemp("quant") / "smollm2-q2_k.gguf", "Q2_K")

@@ -13,7 +13,7 @@ import numpy as np
 from scipy import stats as scipy_stats
 
 from edgespec import DraftModel, Engine, GenerationStats, SamplingParams, logits_to_probs
-from edgespec.coupling import Coupling
+from edgespec.core.coupling import Coupling
 
 SIGNIFICANCE = 0.001  # every exactness test uses this level
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from edgespec import greedy_verify, rejection_sample
-from edgespec.acceptance import runnable_drafts
+from edgespec.core.acceptance import runnable_drafts
 
 
 def sample(target, drafts, draft_probs, rng):
@@ -114,7 +114,7 @@ def test_rows_computed_as_read_give_the_same_verdicts_as_the_full_array():
     reference's on the full [k+1, V] array and normalised q. The factors are powers
     of two, which scale every float exactly, so the verdicts must be identical."""
     from edgespec import SamplingParams
-    from edgespec.sampling import ProbRows, Scratch, logits_to_probs
+    from edgespec.core.sampling import ProbRows, Scratch, logits_to_probs
     scratch = Scratch()
     rng = np.random.default_rng(3)
     params = SamplingParams(temperature=0.8, top_p=0.95)

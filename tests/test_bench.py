@@ -10,10 +10,10 @@ from dataclasses import asdict
 import gguf
 import pytest
 
-from edgespec.bench import BenchConfig, recommend, run_bench, write_csv, write_json, write_plot
-from edgespec.costs import CALIBRATION_SIZES
+from edgespec.measure.bench import BenchConfig, recommend, run_bench, write_csv, write_json, write_plot
+from edgespec.planner.costs import CALIBRATION_SIZES
 from edgespec.models.loading import BackendOptions
-from edgespec.quantize import quantize_gguf
+from edgespec.models.quantize import quantize_gguf
 from ggufs import perturbed, tiny_llama_weights, write_tiny_llama_gguf
 
 
@@ -241,7 +241,7 @@ def test_bad_bench_input_fails_before_loading_models(text_models, tmp_path, smol
 
 
 def test_saved_profile_is_used_by_generate(text_models, tmp_path, monkeypatch):
-    from edgespec.profiles import load_profile, save_profile
+    from edgespec.measure.profiles import load_profile, save_profile
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
     target, draft = map(str, text_models)
     save_profile(target, {"mode": "fixed", "drafter": draft, "num_draft": 3, "speedup": 1.3})

@@ -18,8 +18,8 @@ import edgespec
 from edgespec.backends.llamacpp import LlamaCppBackend
 from edgespec.drafters import DraftModel
 from edgespec.drafters.registry import make_drafter
-from edgespec.prompt_sets import load_prompt_set
-from edgespec.sampling import SamplingParams
+from edgespec.measure.prompt_sets import load_prompt_set
+from edgespec.core.sampling import SamplingParams
 
 
 def prompts(n):
@@ -102,8 +102,8 @@ def test_fast_kernels_say_why_they_are_not_exact(smollm2_path):
 
 def test_verify_forgives_no_split_with_exact_kernels_and_measures_its_near_tie_without(
         smollm2_exact, smollm2_path):
-    from edgespec.prompting import chat_prompt_ids
-    from edgespec.selfcheck import near_tie
+    from edgespec.core.prompting import chat_prompt_ids
+    from edgespec.measure.selfcheck import near_tie
     engine, _ = smollm2_exact
     ids = chat_prompt_ids(engine.target, [{"role": "user", "content": prompts(1)[0]}])
     assert near_tie(engine, ids) == 0.0

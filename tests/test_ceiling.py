@@ -7,7 +7,7 @@ from run_script import run_script
 
 from edgespec import Engine, PromptLookup, SamplingParams
 from edgespec.backends.toy import SimClock, ToyBackend
-from edgespec.ceiling import best_schedule, ceiling, copy_lengths
+from edgespec.measure.ceiling import best_schedule, ceiling, copy_lengths
 from edgespec.drafters.scheduled import ScheduledDrafter
 
 GREEDY = SamplingParams(temperature=0)

@@ -23,7 +23,7 @@ import pytest
 
 import edgespec
 from edgespec import SamplingParams
-from edgespec.server import ServerSettings, bind, create_app
+from edgespec.serve.server import ServerSettings, bind, create_app
 
 SHORT = 80  # the page's max tokens in these tests: replies stay short on a busy CPU
 
@@ -437,7 +437,7 @@ def test_settings_are_sent_and_the_server_uses_them(session):
     assert form.find_element("name", "num_draft").get_attribute("placeholder") == "4"
     options = {o.get_attribute("value"): o.text for o in form.find_elements("css selector", "select option")}
     assert set(options) == {"", "lookup", "suffix", "lastline", "model", "off"}
-    assert "(model)" in options[""] and served.app.state.server.model_drafter.name in options["model"]
+    assert "(model)" in options[""] and served.app.state.server.drafters.model.name in options["model"]
     css(page, "#save-settings")[0].click()
 
 

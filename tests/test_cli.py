@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from edgespec.backends.llama_lib import gpu_offload_supported
-from edgespec.cli_options import on_accelerator
+from edgespec.cli.options import on_accelerator
 from edgespec.models.arguments import on_apple_silicon
 
 

@@ -11,9 +11,9 @@ from edgespec import Engine, PromptLookup, SamplingParams
 from edgespec.backends.simulated import SimulatedDevice
 from edgespec.backends.table import TableBackend
 from edgespec.backends.toy import SimClock
-from edgespec.costs import CostModel
+from edgespec.planner.costs import CostModel
 from edgespec.drafters.copying import CopyIndex
-from edgespec.planning import AdaptivePlanner, PolicyConfig
+from edgespec.planner import AdaptivePlanner, PlannerConfig
 
 GREEDY = SamplingParams(temperature=0)
 STEP = 0.03
@@ -68,7 +68,7 @@ def run(costs: dict | None = None, *, text: str = PROMPT + REPLY, prompt: str = 
     clock = SimClock()
     target = scripted_target(text, clock, jitter, seed)
     lookup = drafter or PromptLookup(max_ngram=8)
-    planner = AdaptivePlanner([lookup], CostModel(costs or prior()), PolicyConfig()) if k == "auto" else None
+    planner = AdaptivePlanner([lookup], CostModel(costs or prior()), PlannerConfig()) if k == "auto" else None
     engine = Engine(target, lookup, num_draft=k, planner=planner, clock=clock)
     rounds, position = [], [0]
     observe = engine.planner.observe

@@ -5,9 +5,9 @@ import json
 import pytest
 
 from edgespec.backends.toy import SimClock, ToyBackend
-from edgespec.cache import CachedModel
-from edgespec.calibration import calibrate, load_calibration, prior_for, save_calibration
-from edgespec.costs import TRUSTED_SAMPLES, CostModel
+from edgespec.core.cache import CachedModel
+from edgespec.planner.calibration import calibrate, load_calibration, prior_for, save_calibration
+from edgespec.planner.costs import TRUSTED_SAMPLES, CostModel
 
 
 def feed(cost: CostModel, seconds_by_size: dict[int, float], times: int = 5) -> None:
@@ -232,7 +232,7 @@ def test_calibration_file_round_trip_and_bad_files(tmp_path, monkeypatch, capsys
                                      '{"draft": "", "num_draft": "auto"}', "{not json"])
 def test_a_saved_profile_of_the_wrong_shape_is_ignored_with_a_warning(content, tmp_path,
                                                                       monkeypatch, capsys):
-    from edgespec.profiles import load_profile, profile_path, save_profile
+    from edgespec.measure.profiles import load_profile, profile_path, save_profile
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
     path = profile_path("some-model")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -253,7 +253,7 @@ def test_a_calibration_with_sizes_that_are_not_token_counts_is_ignored(tmp_path)
 
 
 def test_profiles_are_keyed_by_the_model_not_its_file_name(tmp_path, monkeypatch):
-    from edgespec.profiles import load_profile, save_profile
+    from edgespec.measure.profiles import load_profile, save_profile
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
     ours, theirs = tmp_path / "a" / "model.gguf", tmp_path / "b" / "model.gguf"
     for path, header in ((ours, b"GGUF one model"), (theirs, b"GGUF another model")):

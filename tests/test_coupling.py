@@ -1,4 +1,4 @@
-"""Seed-invariant sampling (edgespec/coupling.py) and `edgespec verify` (edgespec/selfcheck.py).
+"""Seed-invariant sampling (edgespec/core/coupling.py) and `edgespec verify` (edgespec/measure/selfcheck.py).
 
 Distribution tests are chi-square at significance 0.001 (exactness.SIGNIFICANCE) with
 fixed seeds; "one seed, one text" holds exactly on the toy and, on real models, up to
@@ -15,11 +15,11 @@ import pytest
 from edgespec import DraftModel, Engine, PromptLookup, SamplingParams
 from edgespec.backends.llamacpp import LlamaCppBackend
 from edgespec.backends.toy import ToyBackend
-from edgespec.coupling import Coupling, race
+from edgespec.core.coupling import Coupling, race
 from edgespec.drafters.suffix import SuffixDrafter
 from edgespec.models.loading import BackendOptions, load_backend
-from edgespec.sampling import block_sums
-from edgespec.selfcheck import chi_square_sf, race_gap, run_checks
+from edgespec.core.sampling import block_sums
+from edgespec.measure.selfcheck import chi_square_sf, race_gap, run_checks
 from exactness import (SIGNIFICANCE, assert_pair_samples_target, chi_square_pvalue,
                        exact_distribution, sample_continuations)
 from greedy import NEAR_TIE, first_difference
@@ -147,7 +147,7 @@ def assert_one_text_up_to_a_near_tie(engine, prompt, params, texts):
 
 
 def one_text_on_smollm2(target, draft):
-    from edgespec.prompting import chat_prompt_ids
+    from edgespec.core.prompting import chat_prompt_ids
     params = SamplingParams(temperature=0.7, seed=7, invariant=True)
     prompt = chat_prompt_ids(target, [{"role": "user", "content": "Write a haiku about rivers."}])
     engine = Engine(target)

@@ -5,7 +5,7 @@ import pytest
 from edgespec import DraftModel, EdgespecError, Engine, PromptLookup, SamplingParams
 from edgespec.backends.toy import ToyBackend
 from edgespec.drafters.suffix import SuffixDrafter
-from edgespec.detokenize import IncrementalDetokenizer, StopMatcher
+from edgespec.core.detokenize import IncrementalDetokenizer, StopMatcher
 
 GREEDY = SamplingParams(temperature=0)
 

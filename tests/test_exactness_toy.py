@@ -8,12 +8,12 @@ deliberately broken acceptance rule must fail the same test.
 
 import numpy as np
 
-import edgespec.engine
-import edgespec.acceptance
-from edgespec.acceptance import Verdict
+import edgespec.core.engine
+import edgespec.core.acceptance
+from edgespec.core.acceptance import Verdict
 from edgespec import DraftModel, Engine, PromptLookup, SamplingParams
 from edgespec.backends.toy import ToyBackend
-from edgespec.sampling import sample_from
+from edgespec.core.sampling import sample_from
 from exactness import SIGNIFICANCE, chi_square_pvalue, exact_distribution, sample_continuations
 
 VOCAB = 8
@@ -88,7 +88,7 @@ def broken_rejection_sample(target_probs, draft_token_ids, draft_probs, rng, *, 
 
 
 def test_broken_rule_fails_the_same_test(monkeypatch):
-    monkeypatch.setattr(edgespec.acceptance, "rejection_sample", broken_rejection_sample)
+    monkeypatch.setattr(edgespec.core.acceptance, "rejection_sample", broken_rejection_sample)
     target = toy_target()
     engine = Engine(target, DraftModel(target.perturbed(noise=1.0, seed=2)), num_draft=3)
     pvalue, _ = pvalue_through_engine(engine, target, SamplingParams(temperature=1.0), seed=10)

@@ -21,7 +21,7 @@ import pytest
 
 import edgespec
 from edgespec import EdgespecError, SamplingParams
-from edgespec.chat_cli import _command
+from edgespec.cli.chat import _command
 from edgespec.session import ChatSession
 
 from ggufs import perturbed, tiny_llama_weights, write_tiny_llama_gguf

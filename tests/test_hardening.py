@@ -156,7 +156,7 @@ class CancelDuringPrefill:
 
 def test_cancel_is_seen_during_a_long_prefill(long_gguf):
     from edgespec.backends.llamacpp import LlamaCppBackend
-    from edgespec.engine import PREFILL_CHUNK, Engine
+    from edgespec.core.engine import PREFILL_CHUNK, Engine
 
     engine_ref = []
     backend = CancelDuringPrefill(LlamaCppBackend(long_gguf, n_ctx=4096), engine_ref)
@@ -385,7 +385,7 @@ def test_trimming_a_long_history_renders_it_logarithmically_often(byte_gguf, mon
         dropped = session.last.dropped_messages
         longer = [{"role": "user", "content": f"q{(dropped - 2) // 2}"},
                   {"role": "assistant", "content": f"a{(dropped - 2) // 2}"}] + kept
-        from edgespec.prompting import chat_prompt_ids
+        from edgespec.core.prompting import chat_prompt_ids
         assert len(chat_prompt_ids(engine.target, longer)) + 16 > engine.n_ctx
     finally:
         engine.close()

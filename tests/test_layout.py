@@ -1,42 +1,39 @@
-"""The code's layout: imports go down the layers (no circle), modules stay small, and
-the documents the code and the README point at exist."""
+"""The code's layout: the packages are layers, each importing only what its own
+``__init__`` docstring's "May import" line names (no module list kept here); no import
+circle; small modules; the engine handed its planner; drafter names compared only in the
+name table; no probing of backends; and the documents the code points at exist."""
 
 import ast
 import re
 from pathlib import Path
 
+from edgespec.drafters.registry import BUILTIN, MODEL
+
 ROOT = Path(__file__).parent.parent
 PACKAGE = ROOT / "edgespec"
 
-# Each module's layer, from the bottom (docs/design.md): a module may import its own
-# layer and those below, never one above.
-LAYERS = [
-    {"errors", "coupling", "detokenize", "stats", "chat_template", "prompt_sets",
-     "models", "models.arguments", "models.catalog"},
-    {"sampling", "shaping", "grammar", "cache", "compat", "backends", "backends.base", "backends.repack", "backends.kernels", "backends.rpc",
-     "backends.llama_lib", "backends.gguf_tokenizer"},
-    {"acceptance", "prompting", "quantize", "backends.llamacpp", "backends.mlx_ops",
-     "backends.mlx_backend", "backends.gguf_mlx", "backends.toy", "backends.table", "backends.simulated"},
-    {"drafters", "drafters.base", "drafters.breaks", "drafters.copying", "drafters.prompt_lookup",
-     "drafters.suffix", "drafters.draft_model", "drafters.scheduled", "drafters.last_line", "drafters.prediction",
-     "drafters.registry", "ceiling"},
-    {"planning.base", "costs", "calibration", "profiles"},
-    {"planning", "planning.config", "planning.estimates", "planning.budget", "planning.adaptive"},
-    {"planning.auto"},
-    {"engine", "generation"},
-    {"session", "models.loading", "api", "bench", "bench_report", "selfcheck", "openai_api", "openai_fields",
-     "replies", "server", "info", "llama_api", "metrics", "server_http", "native_routes", "page"},
-    {"cli_options", "chat_cli", "cli", "__main__", ""},
-]
-LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
-
 
 def modules() -> dict[str, Path]:
+    """Every module of edgespec by dotted name ("" for the package itself)."""
     found = {}
     for path in PACKAGE.rglob("*.py"):
         name = ".".join(path.relative_to(PACKAGE).with_suffix("").parts)
         found[name.removesuffix("__init__").rstrip(".")] = path
     return found
+
+
+def unit(name: str) -> str:
+    """The layer a module belongs to: its package directly under edgespec/, or itself."""
+    return name.split(".")[0]
+
+
+def may_import(name: str, path: Path) -> set[str]:
+    """The layers a unit's docstring says it may import ("May import: a, b.")."""
+    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    found = re.search(r"May import: ([^.]+)\.", " ".join(doc.split()))
+    assert found, f"{path.relative_to(ROOT)} says nothing of what it may import"
+    listed = found.group(1).strip()
+    return set() if listed.startswith("nothing") else {u.strip() for u in listed.split(",")}
 
 
 def imports(name: str, path: Path, known: set[str]) -> set[str]:
@@ -62,13 +59,44 @@ def imports(name: str, path: Path, known: set[str]) -> set[str]:
     return found - {name}
 
 
-def test_every_module_has_a_layer_and_imports_only_its_own_and_lower_ones():
+def units() -> dict[str, set[str]]:
+    """Each layer and what it may import, from its ``__init__`` (or its own) docstring."""
     known = modules()
-    assert set(known) <= set(LAYER), f"modules without a layer: {sorted(set(known) - set(LAYER))}"
-    upward = [(name, target) for name, path in known.items()
-              for target in imports(name, path, set(known))
-              if target in LAYER and LAYER[target] > LAYER[name]]
-    assert not upward, f"imports from a lower layer to a higher one: {upward}"
+    return {name: may_import(name, path) for name, path in known.items()
+            if "." not in name and name}
+
+
+def test_each_layer_imports_only_what_its_docstring_allows():
+    known = modules()
+    allowed = units()
+    assert {unit(n) for n in known if n} == set(allowed)
+    upward = sorted((name, target) for name, path in known.items()
+                    for target in imports(name, path, set(known))
+                    if target and name and unit(target) != unit(name)
+                    and unit(target) not in allowed[unit(name)])
+    assert not upward, f"imports a layer may not make: {upward}"
+    top = may_import("", known[""])  # the package itself: its public names
+    assert all(unit(t) in top for t in imports("", known[""], set(known)))
+
+
+def test_the_layers_allowed_form_no_circle():
+    allowed = units()
+    for name, below in allowed.items():
+        assert below <= set(allowed), f"{name} names a layer that does not exist: {below - set(allowed)}"
+    order, state = [], {}
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = 1
+        for lower in sorted(allowed[name]):
+            assert state.get(lower) != 1, "layers in a circle: " + " -> ".join(path + [name, lower])
+            if lower not in state:
+                visit(lower, path + [name])
+        state[name] = 2
+        order.append(name)
+
+    for name in sorted(allowed):
+        if name not in state:
+            visit(name, [])
 
 
 def test_there_is_no_import_circle():
@@ -94,6 +122,66 @@ def test_no_module_is_longer_than_400_lines():
     too_long = {name: n for name, path in modules().items()
                 if (n := len(path.read_text().splitlines())) > 400}
     assert not too_long, too_long
+
+
+def test_at_most_twelve_modules_sit_directly_in_the_package():
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= 12, top
+
+
+def test_the_engine_builds_no_planner():
+    """Auto mode is built by the planner package's factory and handed to the engine: the
+    engine imports nothing from the planner package (its costs, calibration, assembly)."""
+    known = modules()
+    used = imports("core.engine", known["core.engine"], set(known))
+    assert not {t for t in used if unit(t) == "planner"}, used
+    source = known["core.engine"].read_text()
+    for word in ("calibrat", "CostModel", "auto_planner", "PassTimer"):
+        assert word not in source, word
+
+
+def test_drafter_names_are_compared_only_in_the_name_table():
+    """No string equal to a drafter's name outside drafters/ (where the registry and the
+    drafters that carry their own names live): everything else asks the registry."""
+    names = set(BUILTIN) | {MODEL}
+    # "model" is also a JSON field (a request's model) and a drafter kind; those uses
+    # are keys, not drafter names: only comparisons and defaults are looked at for it.
+    # (OFF, "off", is every switch's word, from /draft on|off to a progress bar's.)
+    found = []
+    for name, path in modules().items():
+        if unit(name) == "drafters":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                values = [node.left, *node.comparators]
+            elif isinstance(node, ast.keyword) and node.arg == "default":
+                values = [node.value]
+            elif isinstance(node, ast.Assign):
+                values = [node.value]
+            else:
+                continue
+            for value in values:
+                for const in ast.walk(value):
+                    if isinstance(const, ast.Constant) and const.value in names:
+                        if const.value == MODEL and isinstance(node, ast.Assign):
+                            continue
+                        found.append((name, const.value, getattr(node, "lineno", 0)))
+    assert not found, found
+
+
+def test_nothing_probes_a_backend_with_getattr():
+    """Everything read from a backend is declared by the Backend protocol (with
+    BackendFacts' defaults): no getattr(backend-ish, ...) outside the backends."""
+    found = []
+    for name, path in modules().items():
+        if unit(name) == "backends":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "getattr" and node.args:
+                subject = ast.unparse(node.args[0])
+                if re.search(r"backend|target|model|engine|\bd\b|drafter", subject):
+                    found.append((name, subject, node.lineno))
+    assert not found, found
 
 
 def test_the_documents_the_readme_and_the_code_point_at_exist():

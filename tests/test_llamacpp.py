@@ -5,9 +5,9 @@ import pytest
 
 from edgespec import DraftModel, EdgespecError, Engine, PromptLookup, SamplingParams
 from edgespec.backends.llamacpp import LlamaCppBackend
-from edgespec.costs import CostModel
-from edgespec.planning import AdaptivePlanner, auto_drafters
-from edgespec.prompting import chat_prompt_ids
+from edgespec.planner.costs import CostModel
+from edgespec.planner import AdaptivePlanner, AutoPlanners, auto_drafters
+from edgespec.core.prompting import chat_prompt_ids
 from exactness import assert_pair_samples_target
 from greedy import assert_equal_up_to_a_near_tie
 
@@ -69,7 +69,7 @@ def test_switching_a_live_engine_to_auto_keeps_its_caches_true(tiny_gguf_pair, t
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))  # no calibration cached
     target = LlamaCppBackend(tiny_gguf_pair[0], n_ctx=256)
     drafter = DraftModel(LlamaCppBackend(tiny_gguf_pair[1], n_ctx=256))
-    engine = Engine(target, drafter, num_draft=2)
+    engine = Engine(target, drafter, num_draft=2, planners=AutoPlanners())
     prompt = [1, 4, 5, 6, 4, 5, 7, 8, 9, 4, 5, 6]
     before = engine.generate(prompt, GREEDY, max_tokens=40)
     engine.configure(drafter, "auto")

@@ -10,10 +10,10 @@ import pytest
 
 from edgespec import Engine, PromptLookup, SamplingParams
 from edgespec.backends.toy import SimClock, ToyBackend
-from edgespec.costs import LONG_SIZES, CostModel
+from edgespec.planner.costs import LONG_SIZES, CostModel
 from edgespec.drafters.copying import CopyIndex, match_bucket
 from edgespec.drafters.suffix import SuffixDrafter
-from edgespec.planning import AdaptivePlanner, PolicyConfig
+from edgespec.planner import AdaptivePlanner, AutoPlanners, PlannerConfig
 
 GREEDY = SamplingParams(temperature=0)
 RNG = np.random.default_rng(0)
@@ -147,7 +147,7 @@ def test_auto_drafts_long_where_long_passes_are_cheap_and_short_where_they_are_n
         prior = {"v": {str(n): 1 + grows * (n - 1) for n in (2, 3, 4, 5, 8, 9)}, "c": {}}
         for k in ("auto", 4, 16):
             clock = SimClock()
-            planner = AdaptivePlanner([PromptLookup()], CostModel(prior), PolicyConfig()) \
+            planner = AdaptivePlanner([PromptLookup()], CostModel(prior), PlannerConfig()) \
                 if k == "auto" else None
             engine = Engine(fibonacci_target(clock, grows * STEP), PromptLookup(), num_draft=k,
                             planner=planner, clock=clock)
@@ -172,48 +172,39 @@ def test_auto_drafts_long_where_long_passes_are_cheap_and_short_where_they_are_n
     assert longest[0.01] >= 2 * max(longest[0.7], 1)
 
 
-def test_a_long_prompt_times_the_long_passes_auto_mode_has_not_measured():
+def test_auto_mode_times_the_long_passes_it_has_not_measured_and_keeps_the_cache():
     """The calibration times passes of up to 9 tokens; what 16, 32 and 64 cost is timed
-    on a long prompt's last tokens, as a round's pass is (every row verified)."""
-    grows = 0.2
-    for length, timed in ((300, {16, 32, 64}), (150, {16, 32}), (30, set())):
-        clock = SimClock()
-        target = fibonacci_target(clock, grows * STEP)
-        prior = {"v": {str(n): 1 + grows * (n - 1) for n in (2, 3, 4, 5, 8, 9)}, "c": {}}
-        planner = AdaptivePlanner([PromptLookup(max_ngram=8)], CostModel(prior), PolicyConfig())
-        engine = Engine(target, None, num_draft="auto", planner=planner, clock=clock)
-        prompt = walk((3, 5), length)
-        auto = engine.generate(prompt, GREEDY, max_tokens=8)
-        assert auto.stats.prompt_eval_tokens == length
-        assert auto.token_ids == engine.generate(prompt, GREEDY, max_tokens=8,
-                                                 speculative=False).token_ids
-        sizes = set(planner.cost.measured_sizes())
-        # The smallest sizes wanted that fit in half the prompt.
-        assert {16, 32, 64} & sizes == timed
-        assert set(planner.timing_wanted()) == {16, 32, 64} - timed  # timed once a run
-        if 64 in timed:
-            assert planner.cost.v(64) == pytest.approx(1 + grows * 63)
-
-
-def test_the_long_passes_are_timed_once_per_machine_even_on_a_cached_prompt():
-    """A run's timings become the next run's prior (what a closed planner saves): the
-    next run on the same machine needs no timing; a run without them times the long
-    passes even where the prompt is cached already (evaluating its tail again)."""
+    where auto mode's planner is made (as a round's pass is, every row verified, after
+    what the engine's cache holds), and the cache holds the conversation again after."""
     grows, prompt = 0.2, walk((3, 5), 300)
     clock = SimClock()
     target = fibonacci_target(clock, grows * STEP)
     prior = {"v": {str(n): 1 + grows * (n - 1) for n in (2, 3, 4, 5, 8, 9)}, "c": {}}
     engine = Engine(target, clock=clock)
-    engine.generate(prompt, GREEDY, max_tokens=4, speculative=False)  # the prompt is cached now
-    first = AdaptivePlanner([PromptLookup(max_ngram=8)], CostModel(prior), PolicyConfig())
-    engine.configure(None, "auto", first)
-    stats = engine.generate(prompt, GREEDY, max_tokens=4).stats
-    assert set(LONG_SIZES) <= set(first.cost.measured_sizes())
-    # The tail again (each long pass after a plain step, and one plain step after the
-    # last), and the last token.
-    assert stats.prompt_eval_tokens == sum(1 + n for n in LONG_SIZES) + 1 + 1
-    saved = first.cost.as_prior()
-    second = AdaptivePlanner([PromptLookup(max_ngram=8)], CostModel(saved), PolicyConfig())
-    assert second.timing_wanted() == ()
-    engine.configure(None, "auto", second)
-    assert engine.generate(prompt, GREEDY, max_tokens=4).stats.prompt_eval_tokens == 1
+    plain = engine.generate(prompt, GREEDY, max_tokens=8, speculative=False)  # cached now
+    planners = AutoPlanners(prior=prior)
+    planner = planners.planner(None, "auto", target=engine.target_cache, clock=clock)
+    assert set(LONG_SIZES) <= set(planner.cost.measured_sizes())
+    assert planner.timing_wanted() == ()
+    assert planner.cost.v(64) == pytest.approx(1 + grows * 63)
+    assert planners.planner(None, "auto", target=engine.target_cache, clock=clock) is planner
+    engine.configure(None, "auto", planner)
+    auto = engine.generate(prompt, GREEDY, max_tokens=8)
+    assert auto.stats.prompt_eval_tokens == 1  # the prompt was still in the cache
+    assert auto.token_ids == plain.token_ids
+
+
+def test_the_long_passes_are_timed_once_per_machine(tmp_path, monkeypatch):
+    """A run's timings become the next run's prior (what closing the planners saves):
+    the next engine on the same machine times nothing, and calibrates nothing."""
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    clock = SimClock()
+    first = Engine(fibonacci_target(clock, 0.2 * STEP), None, num_draft="auto",
+                   planners=AutoPlanners(), clock=clock)
+    assert set(LONG_SIZES) <= set(first.planner.cost.measured_sizes())
+    first.generate(walk((3, 5), 60), GREEDY, max_tokens=4)
+    first.close()
+    target = fibonacci_target(clock, 0.2 * STEP)
+    second = Engine(target, None, num_draft="auto", planners=AutoPlanners(), clock=clock)
+    assert second.planner.timing_wanted() == ()
+    assert target.forward_calls == 0

@@ -6,7 +6,7 @@ import pytest
 from edgespec import DraftModel, Engine, PromptLookup, SamplingParams
 from edgespec.backends.llamacpp import LlamaCppBackend
 from edgespec.models.loading import BackendOptions, load_backend
-from edgespec.prompting import chat_prompt_ids
+from edgespec.core.prompting import chat_prompt_ids
 from exactness import SIGNIFICANCE, chi_square_pvalue, exact_distribution, sample_continuations
 from ggufs import perturbed, rope_permuted, tiny_llama_weights, write_tiny_llama_gguf, write_tiny_mlx_model
 

@@ -13,7 +13,7 @@ import pytest
 import edgespec
 from edgespec.drafters.last_line import RepeatLastLine
 from edgespec.drafters.registry import BUILTIN, make_drafter
-from edgespec.sampling import SamplingParams
+from edgespec.core.sampling import SamplingParams
 
 from test_server import RunningServer
 

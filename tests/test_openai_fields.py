@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 import edgespec
-from edgespec.grammar import closed
+from edgespec.core.grammar import closed
 from json_schemas import SCHEMAS
 from test_server import RunningServer
 

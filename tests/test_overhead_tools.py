@@ -6,8 +6,8 @@ import pytest
 from edgespec.backends.simulated import DeviceClock, SimulatedDevice, gpu_batch_cost
 from edgespec.backends.table import TableBackend
 from edgespec.drafters import DraftModel
-from edgespec.engine import Engine
-from edgespec.sampling import SamplingParams
+from edgespec.core.engine import Engine
+from edgespec.core.sampling import SamplingParams
 from run_script import run_script
 
 

@@ -2,7 +2,7 @@
 
 Toy models run on a simulated clock (each pass advances it by what a pass of
 that size costs), so the planner sees realistic, deterministic costs. Tests
-that depend on how much exploration the policy does pin a PolicyConfig.
+that depend on how much exploration the policy does pin a PlannerConfig.
 """
 
 import json
@@ -12,12 +12,12 @@ import pytest
 
 from edgespec import DraftModel, Engine, PromptLookup, SamplingParams
 from edgespec.backends.toy import SimClock, ToyBackend
-from edgespec.planning.auto import auto_planner, costs_path
-from edgespec.calibration import calibration_path, save_calibration
-from edgespec.costs import CostModel
-from edgespec.drafters.base import COPY, MODEL, Draft, DrafterBase
-from edgespec.planning import DraftReport, Proposal, RoundResult
-from edgespec.planning import AcceptanceTracker, AdaptivePlanner, PolicyConfig
+from edgespec.planner.factory import AutoPlanners, auto_planner, costs_path
+from edgespec.planner.calibration import calibration_path, save_calibration
+from edgespec.planner.costs import CostModel
+from edgespec.core.draft import COPY, MODEL, Draft, DrafterBase
+from edgespec.planner import DraftReport, Proposal, RoundResult
+from edgespec.planner import AcceptanceTracker, AdaptivePlanner, PlannerConfig
 from exactness import SIGNIFICANCE, chi_square_pvalue, exact_distribution, sample_continuations
 
 GREEDY = SamplingParams(temperature=0)
@@ -39,7 +39,7 @@ def true_prior(batch_grows: float, drafter_cost: float, name: str = "toy-draft")
     return {"v": {str(n): 1 + batch_grows * (n - 1) for n in (2, 3, 5, 9)}, "c": {name: drafter_cost}}
 
 
-def budget_bound(config: PolicyConfig, tokens: int) -> float:
+def budget_bound(config: PlannerConfig, tokens: int) -> float:
     """Plain steps auto mode may lose over ``tokens`` tokens: its exploration budget
     (the start, what the tokens earn) and one try that overdraws it by the worst a
     try may lose (a probe is cut to what the budget holds: at most its cap)."""
@@ -53,7 +53,7 @@ def auto_engine(target, drafter, clock, prior=None, config=None, *, lookup=True)
 
 
 def test_expected_tokens_follow_the_acceptance_rates():
-    tracker = AcceptanceTracker(PolicyConfig(), prior=0.5)
+    tracker = AcceptanceTracker(PlannerConfig(), prior=0.5)
     assert tracker.expected_tokens(0) == 1.0
     assert tracker.expected_tokens(2) == pytest.approx(1 + 0.5 + 0.25)
     for _ in range(200):
@@ -65,7 +65,7 @@ def test_expected_tokens_follow_the_acceptance_rates():
 
 
 def test_a_drafter_that_stops_early_is_expected_to_yield_less():
-    config = PolicyConfig()
+    config = PlannerConfig()
     steady, hesitant = AcceptanceTracker(config, prior=0.9), AcceptanceTracker(config, prior=0.9)
     for _ in range(50):
         steady.update(drafted=2, accepted=2)
@@ -80,7 +80,7 @@ def test_a_copy_that_often_fails_to_start_is_not_expected_to_go_on_long():
     """Before any evidence past the first position, the later positions' α follows
     the first's: where lookup drafts mostly fail at once (chat at T > 0), a long
     draft on the strength of a fixed continuation prior would lose every round."""
-    config = PolicyConfig()
+    config = PlannerConfig()
     v = CostModel(true_prior(0.25, 0.0)).v
     weak, strong = (AcceptanceTracker(config, prior=0.5, later_lift=config.continuation_lift)
                     for _ in range(2))
@@ -99,7 +99,7 @@ def test_a_copy_that_went_on_so_far_is_expected_to_go_on_further():
     """Lookup drafts: positions after the first share one rate, so a copy that was
     always accepted as far as it was verified (k = 3) is expected to go on past that,
     and a longer draft pays, instead of untested positions staying at their prior."""
-    config = PolicyConfig()
+    config = PlannerConfig()
     tracker = AcceptanceTracker(config, prior=0.5, later_lift=config.continuation_lift)
     for _ in range(40):
         tracker.update(drafted=3, accepted=0)
@@ -115,7 +115,7 @@ def test_a_copy_that_went_on_so_far_is_expected_to_go_on_further():
 
 def test_a_copy_in_progress_is_verified_far_and_a_coincidence_not_at_all():
     """Lookup drafts are judged by their kind once proposed (here: match length)."""
-    config = PolicyConfig(optimism=0.0)
+    config = PlannerConfig(optimism=0.0)
     lookup = PromptLookup()
     planner = AdaptivePlanner([lookup], CostModel(), config)
     for n in (1, 1, 1, 5, 9):  # this run's passes: plain steps of 1 s, v(n) = 1 + 0.3 (n - 1)
@@ -184,12 +184,12 @@ def test_exploration_is_paid_from_a_budget_that_bounds_what_it_loses():
         assert stats.generated_tokens == n and stats.probes > 5  # it tried
         return stats.decode_time_s / STEP - n  # a plain step costs exactly STEP here
 
-    config = PolicyConfig(explore_start=2.0, explore_rate=0.02, **hopeful)
+    config = PlannerConfig(explore_start=2.0, explore_rate=0.02, **hopeful)
     lost = steps_lost(config)
     # One try may overdraw the budget by what it lost (at most v(9) - 1 = 4.8 steps).
     assert 0 < lost <= config.explore_start + config.explore_rate * n + grows * 8
     # Without the budget the same hopes cost far more.
-    assert steps_lost(PolicyConfig(explore_start=1e9, explore_cap=1e9, **hopeful)) > 3 * lost
+    assert steps_lost(PlannerConfig(explore_start=1e9, explore_cap=1e9, **hopeful)) > 3 * lost
 
 
 def test_exactness_with_auto_on():
@@ -257,7 +257,8 @@ def test_a_cost_file_claiming_speculation_is_free_costs_no_more_than_the_budget(
 def test_auto_keeps_what_it_learned_across_generations():
     clock = SimClock()
     target, drafter = timed_pair(batch_grows=0.05, drafter_cost=0.1, noise=0.5, clock=clock)
-    engine = auto_engine(target, drafter, clock, true_prior(0.05, 0.1))
+    engine = Engine(target, drafter, num_draft="auto", clock=clock,
+                    planners=AutoPlanners(prior=true_prior(0.05, 0.1)))
     planner = engine.planner
     engine.generate([0, 1, 2], GREEDY, max_tokens=40)
     trials = sum(planner.tracker("toy-draft").accept.trials)
@@ -329,7 +330,7 @@ class CountingDraftModel(DraftModel):
 def test_auto_stops_asking_a_drafter_that_is_never_confident():
     """A draft model that is never sure is asked far less often than one that is
     (with the stop fixed: where a learned stop settles is the next test's)."""
-    config = PolicyConfig(draft_p_min=0.5, learn_stop=False)
+    config = PlannerConfig(draft_p_min=0.5, learn_stop=False)
 
     def calls_of(sure: bool) -> float:
         clock = SimClock()
@@ -355,7 +356,7 @@ def test_auto_stops_asking_a_drafter_that_is_never_confident():
 
 
 def test_the_targets_own_confidence_is_the_prior_of_the_draft_models_offers():
-    config = PolicyConfig(optimism=0.0)
+    config = PlannerConfig(optimism=0.0)
     drafter = DraftModel(ToyBackend.random(4, seed=0, name="toy-draft"))
 
     def planner_after(confident: bool) -> AdaptivePlanner:
@@ -406,7 +407,7 @@ def test_auto_does_not_ask_a_draft_model_where_the_target_is_unsure_too():
                                                 step_seconds=0.3 * STEP), min_confidence=0.5)
     # With the stop fixed (a learned one would find this drafter, an exact copy, worth
     # drafting through its unsure tokens: the test of the stop is the next one).
-    config = PolicyConfig(draft_p_min=0.5, learn_stop=False)
+    config = PlannerConfig(draft_p_min=0.5, learn_stop=False)
     engine = auto_engine(target, draft, clock, true_prior(0.3, 0.3), config)
     engine.generate([0, 1, 2, 3], GREEDY, max_tokens=100)
     # The target's own confidence said the drafter would stop: it is asked at most once,
@@ -419,8 +420,8 @@ def test_the_learned_stop_follows_acceptance_by_confidence_and_the_cost_of_a_tok
     """A drafter whose unsure drafts are still accepted (a noisy copy of the target)
     drafts on through them where a draft token is cheap (GPU-like c + Δv), and
     stops early where one is dear (CPU-like) or where unsure drafts fail."""
-    from edgespec.planning import StopRule
-    config = PolicyConfig()
+    from edgespec.planner import StopRule
+    config = PlannerConfig()
     cheap, dear = 0.36, 0.8
 
     def rule(accepted_at_low: bool) -> StopRule:
@@ -435,7 +436,7 @@ def test_the_learned_stop_follows_acceptance_by_confidence_and_the_cost_of_a_tok
     assert rule(True).threshold(cheap, 0.9) <= 0.25
     assert rule(False).threshold(cheap, 0.6) > 0.45
     assert rule(True).threshold(dear, 0.9) > rule(True).threshold(cheap, 0.9)
-    fixed = StopRule(PolicyConfig(draft_p_min=0.6, learn_stop=False))
+    fixed = StopRule(PlannerConfig(draft_p_min=0.6, learn_stop=False))
     assert fixed.threshold(cheap, 0.9) == 0.6  # a stop the user chose stays
 
 
@@ -443,9 +444,9 @@ def test_one_rejected_draft_token_does_not_move_the_learned_stop_but_a_run_of_th
     """The stop follows evidence, not one token: a drafter accepted nearly always
     keeps drafting at a confidence where one draft was rejected, and stops above
     it once rejections there are the rule."""
-    from edgespec.planning import StopRule
+    from edgespec.planner import StopRule
     cost, overall = 0.75, 0.97  # CPU-like token cost; a draft model that copies the target
-    stop = StopRule(PolicyConfig())
+    stop = StopRule(PlannerConfig())
     before = stop.threshold(cost, overall)
     sure = 0.85  # a token the drafter was quite sure of ...
     assert before < sure  # (... so that, before any evidence, it drafts it)
@@ -480,7 +481,7 @@ def test_a_probe_risks_no_more_than_the_exploration_budget():
     even one draft token's does, there is no probe."""
     def planner() -> AdaptivePlanner:
         made = AdaptivePlanner([RepeatModel()], CostModel(true_prior(0.3, 0.5)),
-                               PolicyConfig(model_prior=0.5, optimism=3.0))
+                               PlannerConfig(model_prior=0.5, optimism=3.0))
         plain_rounds(made, 2)  # (costs are relative to this run's plain step) ...
         for n in (3, 5):  # ... and passes as the prior says: it is trusted up to 9 tokens
             made.cost.observe_target(n, STEP * (1 + 0.3 * (n - 1)))
@@ -536,7 +537,7 @@ def test_a_try_is_charged_what_its_pass_typically_costs_not_one_busy_reading():
     every later try of a draft model that was paying its way."""
     cost = CostModel(true_prior(0.3, 0.0, "lookup"))  # v(4) = 1.9
     lookup = PromptLookup()
-    planner = AdaptivePlanner([lookup], cost, PolicyConfig(explore_rate=0.0))
+    planner = AdaptivePlanner([lookup], cost, PlannerConfig(explore_rate=0.0))
     top = np.array([0.9])
     for _ in range(3):  # the plain step and the 4-token pass at their usual times
         planner.observe(RoundResult(None, None, 0, 0, 1, STEP, top))
@@ -556,7 +557,7 @@ def test_a_retry_is_only_marked_when_it_drafts():
     without measuring anything."""
     cost = CostModel(true_prior(0.3, 0.5))  # the draft model's worst-case loss: 0.8 a token
     model = RepeatModel()
-    config = PolicyConfig(min_gain=10.0, probe_gain=0.0, explore_start=0.1, explore_rate=0.0)
+    config = PlannerConfig(min_gain=10.0, probe_gain=0.0, explore_start=0.1, explore_rate=0.0)
     planner = AdaptivePlanner([model], cost, config)
     top = np.array([0.9])
     for _ in range(2):
@@ -571,7 +572,7 @@ def test_a_round_cut_short_is_not_charged_to_the_next_generation():
     leaves a round in flight; the next generation starts without it."""
     cost = CostModel(true_prior(0.3, 0.0, "lookup"))
     lookup = PromptLookup()
-    planner = AdaptivePlanner([lookup], cost, PolicyConfig(explore_rate=0.0, min_gain=10.0, probe_gain=0.0))
+    planner = AdaptivePlanner([lookup], cost, PlannerConfig(explore_rate=0.0, min_gain=10.0, probe_gain=0.0))
     top = np.array([0.9])
     for _ in range(2):
         planner.observe(RoundResult(None, None, 0, 0, 1, STEP, top))
@@ -592,7 +593,8 @@ def test_closing_after_leaving_auto_mode_keeps_the_costs_it_measured(tmp_path, m
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
     clock = SimClock()
     target, drafter = timed_pair(batch_grows=0.05, drafter_cost=0.1, noise=0.5, clock=clock)
-    engine = Engine(target, drafter, num_draft="auto", clock=clock)  # calibrates the pair
+    engine = Engine(target, drafter, num_draft="auto", planners=AutoPlanners(),
+                    clock=clock)  # calibrates the pair
     path = costs_path(target, drafter)
     calibrated = json.loads(path.read_text())
     engine.generate([0, 1, 2], GREEDY, max_tokens=40)

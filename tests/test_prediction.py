@@ -6,7 +6,7 @@ lookup would take it, is the wrong one)."""
 import numpy as np
 
 from edgespec.drafters.prediction import PredictedOutput
-from edgespec.sampling import SamplingParams
+from edgespec.core.sampling import SamplingParams
 
 PROMPT = [900, 901, 902]
 

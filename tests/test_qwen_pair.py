@@ -6,7 +6,7 @@ from importlib import resources
 import pytest
 
 from edgespec import SamplingParams, load
-from edgespec.prompting import chat_prompt_ids
+from edgespec.core.prompting import chat_prompt_ids
 from greedy import assert_equal_up_to_a_near_tie
 
 pytestmark = pytest.mark.slow

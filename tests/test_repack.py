@@ -10,8 +10,8 @@ from edgespec.backends import repack
 from edgespec.backends.llama_lib import Log
 from edgespec.backends.llamacpp import LlamaCppBackend
 from edgespec.drafters import PromptLookup
-from edgespec.engine import Engine
-from edgespec.sampling import SamplingParams
+from edgespec.core.engine import Engine
+from edgespec.core.sampling import SamplingParams
 from tests.ggufs import tiny_llama_weights, write_tiny_llama_gguf
 
 Q4_0, Q8_0 = gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q8_0

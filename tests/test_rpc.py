@@ -15,7 +15,7 @@ import pytest
 from edgespec import DraftModel, EdgespecError, Engine, PromptLookup, SamplingParams
 from edgespec.backends.llamacpp import LlamaCppBackend
 from edgespec.backends.rpc import greet, install_line, parse_endpoints, rpc_available
-from edgespec.prompting import chat_prompt_ids
+from edgespec.core.prompting import chat_prompt_ids
 from greedy import assert_equal_up_to_a_near_tie
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from edgespec import SamplingParams, logits_to_probs
-from edgespec.sampling import sample_from
+from edgespec.core.sampling import sample_from
 
 
 @pytest.mark.parametrize("field, value", [
@@ -102,7 +102,7 @@ def test_sample_from_across_blocks_matches_the_distribution():
 def test_probabilities_match_a_float64_softmax_at_any_logit_scale(temperature, offset):
     """Rows whose exp(logit / T) fits float32 skip the shift by the maximum; the
     rest (very low T, logits far from 0) take it: both agree with float64 softmax."""
-    from edgespec.sampling import ProbRows
+    from edgespec.core.sampling import ProbRows
     rng = np.random.default_rng(1)
     logits = (rng.normal(0, 4, (2, 3000)) + offset).astype(np.float32)
     scaled = logits.astype(np.float64) / temperature

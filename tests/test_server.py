@@ -16,8 +16,8 @@ import pytest
 
 import edgespec
 from edgespec import SamplingParams
-from edgespec.openai_api import ApiError
-from edgespec.server import ServerSettings, Turns, bind, create_app
+from edgespec.serve.openai_api import ApiError
+from edgespec.serve.server import ServerSettings, Turns, bind, create_app
 
 openai = pytest.importorskip("openai")
 

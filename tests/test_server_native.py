@@ -185,10 +185,10 @@ def test_any_model_name_is_served_by_the_one_model(served):
 
 
 def test_a_log_line_per_request(served, caplog):
-    caplog.set_level(logging.INFO, logger="edgespec.server")
+    caplog.set_level(logging.INFO, logger="edgespec.serve.server")
     reply = post(served, "/completion", {"prompt": COPY, "n_predict": 8, "temperature": 0}).json()
     t = reply["timings"]
-    lines = [r.getMessage() for r in caplog.records if r.name == "edgespec.server"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "edgespec.serve.server"]
     assert any(line.startswith(f"completion: prompt {reply['tokens_evaluated']} tokens "
                                f"({t['cache_n']} cached, {t['prompt_n']} evaluated")
                and f"decode {t['predicted_n']} tokens" in line

@@ -16,9 +16,9 @@ import pytest
 from edgespec import DraftModel, Engine, PromptLookup, SamplingParams
 from edgespec.backends.llamacpp import LlamaCppBackend
 from edgespec.backends.toy import ToyBackend
-from edgespec.grammar import Grammar
-from edgespec.prompting import chat_prompt_ids
-from edgespec.shaping import Shaping
+from edgespec.core.grammar import Grammar
+from edgespec.core.prompting import chat_prompt_ids
+from edgespec.core.shaping import Shaping
 from exactness import SIGNIFICANCE, chi_square_pvalue, exact_distribution
 from ggufs import perturbed, tiny_llama_weights, write_tiny_llama_gguf
 from greedy import assert_equal_up_to_a_near_tie

@@ -7,7 +7,7 @@ from edgespec import Engine, SamplingParams
 from edgespec.backends.toy import ToyBackend
 from edgespec.drafters import DraftModel, PromptLookup
 from edgespec.drafters.suffix import SuffixDrafter
-from edgespec.planning import auto_drafters
+from edgespec.planner import auto_drafters
 from exactness import SIGNIFICANCE, chi_square_pvalue, exact_distribution, sample_continuations
 
 GREEDY = SamplingParams(temperature=0)

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import EdgespecError
-from ..models.catalog import edgespec_home
+from ..paths import edgespec_home
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 QUANTIZE_CHOICES = ("4bit", "8bit", "none")

@@ -6,7 +6,7 @@ import ctypes
 import os
 
 from ..errors import EdgespecError
-from .base import VocabInfo, closed_error
+from ..core.backend import VocabInfo, closed_error
 from .llama_lib import VOCAB_KINDS, check_gguf_file, llama, load_model
 
 class GGUFTokenizer:
@@ -118,7 +118,7 @@ class GGUFTokenizer:
 
     def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True,
                             max_chars: int | None = None, tools: list[dict] | None = None) -> str:
-        from ..chat_template import render_chat_template
+        from ..core.chat_template import render_chat_template
         return render_chat_template(
             self.chat_template(), messages, add_generation_prompt=add_generation_prompt,
             bos_token=self._special_text("bos"), eos_token=self._special_text("eos"),

@@ -14,15 +14,15 @@ from typing import Sequence
 
 import numpy as np
 
-from ..acceptance import HostVerify
+from ..core.acceptance import HostVerify
 from ..errors import EdgespecError
-from .base import TokenizerMethods, check_forward, closed_error
+from ..core.backend import BackendFacts, TokenizerMethods, check_forward, closed_error
 from .gguf_tokenizer import GGUFTokenizer
 from .kernels import EXACT, EXACT_KV_CACHE, kernel_mode, probe
 from .llama_lib import Log, check_gguf_file, free_model, llama, load_model, physical_core_count
 
-class LlamaCppBackend(TokenizerMethods, HostVerify):
-    """A GGUF model on llama.cpp, behind the :class:`~edgespec.backends.base.Backend` protocol."""
+class LlamaCppBackend(TokenizerMethods, BackendFacts, HostVerify):
+    """A GGUF model on llama.cpp, behind the :class:`~edgespec.core.backend.Backend` protocol."""
 
     def __init__(self, model_path: str | os.PathLike, *, n_ctx: int = 4096,
                  n_threads: int | None = None, n_gpu_layers: int = 0,

@@ -17,9 +17,9 @@ from typing import Sequence
 
 import numpy as np
 
-from ..acceptance import verify_round
+from ..core.acceptance import verify_round
 from ..errors import EdgespecError
-from .base import TokenizerMethods, VocabInfo, check_forward, check_token_ids, closed_error
+from ..core.backend import BackendFacts, TokenizerMethods, VocabInfo, check_forward, check_token_ids, closed_error
 from .kernels import EXACT, MLX_CHUNKS, kernel_mode, probe
 
 try:
@@ -33,8 +33,8 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
 _PREFILL_CHUNK = 512
 
 
-class MlxBackend(TokenizerMethods):
-    """An mlx-lm model behind the :class:`~edgespec.backends.base.Backend` protocol."""
+class MlxBackend(TokenizerMethods, BackendFacts):
+    """An mlx-lm model behind the :class:`~edgespec.core.backend.Backend` protocol."""
 
     def __init__(self, model, tokenizer, *, name: str, n_ctx: int = 4096, kernels: str | None = None):
         self.model = model
@@ -124,7 +124,7 @@ class MlxBackend(TokenizerMethods):
         """The verdict on a round from rows of logits ``[k+1, V]`` left on the device by
         ``forward(lazy=True)``, and the target's top probability at each committed token,
         in one synchronization (:func:`edgespec.backends.mlx_ops.verify_on_device`);
-        the arguments are :func:`edgespec.acceptance.verify_round`'s (the device always
+        the arguments are :func:`edgespec.core.acceptance.verify_round`'s (the device always
         reports the top probabilities: they cost nothing there). A round whose last draft
         is an id this model lacks has one row fewer, and rows already on the host (shaped by a
         request's bias, penalties or grammar) are decided there too."""
@@ -200,7 +200,7 @@ class HFTokenizer:
 
     def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True,
                             max_chars: int | None = None, tools: list[dict] | None = None) -> str:
-        from ..chat_template import render_chat_template
+        from ..core.chat_template import render_chat_template
         if not getattr(self.hf, "chat_template", None):
             return render_chat_template(None, messages, add_generation_prompt=add_generation_prompt,
                                         max_chars=max_chars, tools=tools)
@@ -226,32 +226,31 @@ def _bytes_to_unicode() -> dict[int, str]:
     return table
 
 
-def load_mlx_backend(spec: str, options, *, name: str) -> MlxBackend:
-    """Load ``spec`` (GGUF file, model name, mlx-lm folder or Hub id) on MLX."""
-    from ..models.arguments import looks_like_hub_id
-    from ..models.catalog import resolve_model
+def load_mlx_gguf(path: Path, *, name: str, n_ctx: int, quantize: str, kernels: str | None) -> MlxBackend:
+    """A GGUF file on MLX: converted once to an MLX model (``quantize``: how its tensors
+    are kept), with the file's own tokenizer."""
+    from .gguf_tokenizer import GGUFTokenizer
+    from .llama_lib import check_gguf_file
+    check_gguf_file(path)
+    from .gguf_mlx import convert_gguf
+    folder = convert_gguf(path, quantize=quantize)
+    model, _ = load_folder(folder)
+    tokenizer = GGUFTokenizer.from_file(path)
+    return MlxBackend(model, tokenizer, name=name, n_ctx=n_ctx, kernels=kernels)
 
-    path = Path(spec).expanduser()
-    if not path.is_dir() and not (looks_like_hub_id(spec) and not path.exists()):
-        path = resolve_model(spec, fetch=options.fetch)  # a GGUF file or a known model name
-        from .gguf_tokenizer import GGUFTokenizer
-        from .llama_lib import check_gguf_file
-        check_gguf_file(path)
-        from .gguf_mlx import convert_gguf
-        folder = convert_gguf(path, quantize=options.mlx_quantize)
-        model, _ = _load_folder(folder)
-        tokenizer = GGUFTokenizer.from_file(path)
-        return MlxBackend(model, tokenizer, name=name, n_ctx=options.n_ctx, kernels=options.kernels)
-    folder = path if path.is_dir() else _hub_snapshot(spec)
-    model, config = _load_folder(folder)
+
+def load_mlx_folder(folder: Path, *, name: str, n_ctx: int, kernels: str | None) -> MlxBackend:
+    """An mlx-lm model folder on MLX, with its Hugging Face tokenizer."""
+    model, config = load_folder(folder)
     from mlx_lm.utils import load_tokenizer
     wrapper = load_tokenizer(folder)
     vocab_size = int(config.get("vocab_size") or wrapper.vocab_size)
     tokenizer = HFTokenizer(wrapper._tokenizer, vocab_size, wrapper.eos_token_ids)
-    return MlxBackend(model, tokenizer, name=name, n_ctx=options.n_ctx, kernels=options.kernels)
+    return MlxBackend(model, tokenizer, name=name, n_ctx=n_ctx, kernels=kernels)
 
 
-def _load_folder(folder: Path):
+def load_folder(folder: Path):
+    """An mlx-lm model folder's model and config (a clear error where mlx-lm cannot load it)."""
     from mlx_lm.utils import load_model
     if not (folder / "config.json").exists():
         raise EdgespecError(f"{folder} has no config.json: give an mlx-lm model folder, a Hub id "
@@ -260,22 +259,3 @@ def _load_folder(folder: Path):
         return load_model(folder)
     except (FileNotFoundError, ValueError) as exc:
         raise EdgespecError(f"mlx-lm could not load {folder} ({exc})") from None
-
-
-def _hub_snapshot(repo: str) -> Path:
-    """A Hub repo's files: from the local cache without network, else downloaded."""
-    from huggingface_hub import snapshot_download
-    cache_dir = os.environ.get("HF_HUB_CACHE") or None
-    try:
-        return Path(snapshot_download(repo, local_files_only=True, cache_dir=cache_dir))
-    except Exception:
-        pass
-    from ..models.catalog import _hub_reachable
-    if os.environ.get("HF_HUB_OFFLINE") == "1" or not _hub_reachable():
-        raise EdgespecError(f"{repo} is not in the Hugging Face cache and the Hub is not reachable: "
-                            f"download it on a connected machine, or give a local folder or .gguf file")
-    try:
-        return Path(snapshot_download(repo, cache_dir=cache_dir))
-    except Exception as exc:
-        raise EdgespecError(f"could not download {repo} from the Hub ({type(exc).__name__}): "
-                            f"check the repo id") from None

@@ -1,6 +1,6 @@
 """Sampling and verification where MLX's logits live: on the device.
 
-The numpy path (:mod:`edgespec.sampling`, :mod:`edgespec.acceptance`) brings every
+The numpy path (:mod:`edgespec.core.sampling`, :mod:`edgespec.core.acceptance`) brings every
 row of logits to the host. On Metal that round trip, one per drafted token,
 costs more than the arithmetic; here a round builds one lazy graph and
 evaluates it once: the draft model's k steps (each sampled token feeding the
@@ -8,7 +8,7 @@ next forward as an ``mx.array``), and, separately, the verification of the
 target's rows. Only token ids and a few scalars cross to the host (counted in
 :data:`host_syncs`, so a test can hold the engine to two per round).
 
-The acceptance rule is the one in :mod:`edgespec.acceptance`, evaluated for every
+The acceptance rule is the one in :mod:`edgespec.core.acceptance`, evaluated for every
 draft position at once: position i is accepted when ``u_i · q_i(x_i) <
 p_i(x_i)``, a replacement is drawn from every row's residual ``max(p_i - q_i,
 0)`` (from ``p_k`` after the last), and the host keeps the accepted prefix and
@@ -25,9 +25,9 @@ from typing import Sequence
 import mlx.core as mx
 import numpy as np
 
-from ..coupling import BLOCK, MIX, UNIFORM_BITS, Coupling, position_keys
-from ..sampling import SamplingParams
-from ..acceptance import Verdict, greedy_verify
+from ..core.coupling import BLOCK, MIX, UNIFORM_BITS, Coupling, position_keys
+from ..core.sampling import SamplingParams
+from ..core.acceptance import Verdict, greedy_verify
 
 host_syncs = 0  # evaluations that brought results to the host, since import
 
@@ -48,7 +48,7 @@ def key_from(rng: np.random.Generator) -> mx.array:
 
 
 def probs(logits: mx.array, params: SamplingParams) -> mx.array:
-    """:func:`edgespec.sampling.logits_to_probs` in MLX operations, over the last axis.
+    """:func:`edgespec.core.sampling.logits_to_probs` in MLX operations, over the last axis.
 
     The filters keep every token tied with the last one kept (the numpy path
     breaks exact ties by index); otherwise the same order and the same rule.
@@ -84,7 +84,7 @@ _LOWEST = float(np.finfo(np.float32).min)
 
 
 def fit_vocab(q: mx.array, vocab_size: int) -> mx.array:
-    """q over the target's vocabulary (as :func:`edgespec.acceptance._fit_vocab`)."""
+    """q over the target's vocabulary (as :func:`edgespec.core.acceptance._fit_vocab`)."""
     width = q.shape[-1]
     if width > vocab_size:
         return q[:, :vocab_size]
@@ -100,7 +100,7 @@ def verify_on_device(logits: mx.array, draft_token_ids: Sequence[int], draft_pro
 
     ``draft_probs``: q ``[k, V']`` (an MLX or numpy array), or None for a
     deterministic drafter (q one-hot on each draft). ``rng``: a numpy generator,
-    or a :class:`~edgespec.coupling.Coupling` (row 0 at context ``position``).
+    or a :class:`~edgespec.core.coupling.Coupling` (row 0 at context ``position``).
     """
     num_draft = len(draft_token_ids)
     if logits.shape[0] != num_draft + 1:
@@ -138,7 +138,7 @@ def _verify_own_samples(p: mx.array, draft_token_ids: Sequence[int],
                         rng: np.random.Generator) -> tuple[Verdict, np.ndarray]:
     """A deterministic drafter's round (q one-hot; none at all for a plain step):
     the target samples its own token from every row, and the drafts are kept
-    while they equal it (:func:`edgespec.acceptance.rejection_sample`). Row i gets
+    while they equal it (:func:`edgespec.core.acceptance.rejection_sample`). Row i gets
     the key a plain step at its position would get, and ``rng`` is left where
     plain sampling would leave it, so with one seed the tokens are plain
     sampling's."""
@@ -155,7 +155,7 @@ def _verify_own_samples(p: mx.array, draft_token_ids: Sequence[int],
 
 
 def _exp_noise(keys: mx.array, ids: mx.array) -> mx.array:
-    """:func:`edgespec.coupling.exp_noise` on the device: Exp(1) noise of ``ids``
+    """:func:`edgespec.core.coupling.exp_noise` on the device: Exp(1) noise of ``ids``
     under ``keys`` (uint64, broadcast against each other), in float32."""
     c0, c1, c2 = (mx.array(np.array(c, dtype=np.uint64)) for c in MIX)
     x = keys + ids + c0
@@ -167,7 +167,7 @@ def _exp_noise(keys: mx.array, ids: mx.array) -> mx.array:
 
 def coupled_pick(p: mx.array, coupling: Coupling, position: int) -> mx.array:
     """The token the coupling's noise decides for each row of ``p [n, V]`` (row i at
-    context position ``position + i``): :func:`edgespec.coupling.race` on the device,
+    context position ``position + i``): :func:`edgespec.core.coupling.race` on the device,
     with the same noise, so a draft model on MLX and a target elsewhere are coupled."""
     rows, vocab = p.shape
     blocks = -(-vocab // BLOCK)

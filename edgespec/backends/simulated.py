@@ -4,7 +4,7 @@
 :class:`~edgespec.backends.table.TableBackend`) and charges each forward pass
 ``step_seconds · batch_cost(n)`` of device time on a :class:`DeviceClock`,
 which reads real host time plus the device time charged so far. Give the same
-clock to the :class:`~edgespec.engine.Engine`: what it measures is then
+clock to the :class:`~edgespec.core.engine.Engine`: what it measures is then
 edgespec's real host work plus the passes of a GPU that runs one pass at a
 time and never overlaps the host (as a single llama.cpp or MLX stream does).
 """

@@ -14,11 +14,11 @@ from typing import Sequence
 
 import numpy as np
 
-from ..acceptance import HostVerify
-from .base import VocabInfo, check_forward
+from ..core.acceptance import HostVerify
+from ..core.backend import BackendFacts, VocabInfo, check_forward
 
 
-class TableBackend(HostVerify):
+class TableBackend(BackendFacts, HostVerify):
     """Logits ``table[position % len(table)]``: rows handed over as views, no copy."""
 
     def __init__(self, table: np.ndarray, *, name: str = "table", eos_token_id: int | None = None,

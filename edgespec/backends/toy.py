@@ -17,8 +17,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ..acceptance import HostVerify
-from .base import VocabInfo
+from ..core.acceptance import HostVerify
+from ..core.backend import BackendFacts, VocabInfo
 
 
 class SimClock:
@@ -34,7 +34,7 @@ class SimClock:
         self.now += seconds
 
 
-class ToyBackend(HostVerify):
+class ToyBackend(BackendFacts, HostVerify):
     """A context-dependent random LM over ``vocab_size`` letters."""
 
     def __init__(self, table: np.ndarray, *, eos_token_id: int | None = None, name: str = "toy",

@@ -6,11 +6,11 @@ from typing import Sequence
 
 import numpy as np
 
-from ..backends.base import Backend
-from ..cache import CachedModel, common_prefix_length
-from ..coupling import Coupling
-from ..sampling import SamplingParams, Scratch, sample_from, top_probability, weights_and_blocks
-from .base import MODEL, Draft, DrafterBase
+from ..core.backend import Backend
+from ..core.cache import CachedModel, common_prefix_length
+from ..core.coupling import Coupling
+from ..core.sampling import SamplingParams, Scratch, sample_from, top_probability, weights_and_blocks
+from ..core.draft import MODEL, Draft, DrafterBase
 
 
 class DraftModel(DrafterBase):
@@ -46,7 +46,7 @@ class DraftModel(DrafterBase):
 
     def attach(self, target: Backend) -> None:
         """Refuse a target whose vocabulary this model cannot draft for."""
-        from ..compat import check_compatible
+        from ..backends.compat import check_compatible
         check_compatible(target, self.backend)
 
     def prefill(self, context: Sequence[int]) -> int:
@@ -76,7 +76,7 @@ class DraftModel(DrafterBase):
                 rng: np.random.Generator | Coupling, *, min_confidence: float | None = None,
                 shaping=None) -> Draft:
         """Sample up to ``num_draft`` tokens from the draft model's q (with a
-        :class:`~edgespec.coupling.Coupling`, the tokens its noise decides under q),
+        :class:`~edgespec.core.coupling.Coupling`, the tokens its noise decides under q),
         stopping where its top probability falls below ``min_confidence`` (None: the
         stop it was made with). ``shaping``: a request's bias, penalties or grammar,
         applied to q as the target applies them to p, so that drafts the target could

@@ -3,7 +3,7 @@ did, draft the rest of that line.
 
 Lists, tables, logs and repeated calls often run line after line alike; this catches
 those without an index of the whole text. It runs no model (q one-hot), so it needs
-only a name, a kind and ``propose``; :class:`~edgespec.drafters.base.DrafterBase`
+only a name, a kind and ``propose``; :class:`~edgespec.core.draft.DrafterBase`
 supplies the rest of the protocol, and one line of ``registry.BUILTIN`` makes it
 available to chat, serve and bench as ``-d lastline``.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .base import COPY, Draft, DrafterBase
+from ..core.draft import COPY, Draft, DrafterBase
 
 LONGEST_LINE = 256  # tokens: a "line" longer than this is no line to repeat
 

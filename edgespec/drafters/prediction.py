@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Sequence
 
-from .base import COPY, Draft, DrafterBase
+from ..core.draft import COPY, Draft, DrafterBase
 from .copying import match_bucket
 
 LONGEST_MATCH = 16  # reply tokens compared when looking for the place again

@@ -18,8 +18,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ..sampling import SamplingParams
-from .base import COPY, Draft, DrafterBase
+from ..core.sampling import SamplingParams
+from ..core.draft import COPY, Draft, DrafterBase
 from .copying import CopyIndex, copy_bucket, match_bucket
 
 __all__ = ["PromptLookup", "match_bucket"]

@@ -1,7 +1,7 @@
 """A drafter of a known reply, on a schedule: how the ceiling is measured in the engine.
 
 ``scripts/ceiling.py`` gives it plain decoding's reply and the cheapest schedule of
-always-right drafts (:func:`edgespec.ceiling.best_schedule`), so the engine itself
+always-right drafts (:func:`edgespec.measure.ceiling.best_schedule`), so the engine itself
 shows what the computed ceiling says.
 """
 
@@ -11,12 +11,12 @@ from typing import Sequence
 
 import numpy as np
 
-from ..sampling import SamplingParams
-from .base import COPY, Draft, DrafterBase
+from ..core.sampling import SamplingParams
+from ..core.draft import COPY, Draft, DrafterBase
 
 
 class ScheduledDrafter(DrafterBase):
-    """Drafts a known reply on a schedule (:func:`edgespec.ceiling.best_schedule`).
+    """Drafts a known reply on a schedule (:func:`edgespec.measure.ceiling.best_schedule`).
 
     Deterministic (q one-hot), so it is verified like prompt lookup. Where the
     generation parts from ``reply`` (at temperature 0 only a near-tie that a

@@ -31,9 +31,9 @@ from typing import Sequence
 
 import numpy as np
 
-from ..cache import common_prefix_length
-from ..sampling import SamplingParams
-from .base import COPY, Draft, DrafterBase
+from ..core.cache import common_prefix_length
+from ..core.sampling import SamplingParams
+from ..core.draft import COPY, Draft, DrafterBase
 from .copying import CopyIndex, copy_bucket
 
 # A context that differs from the one indexed in more than this many tokens is a

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import EdgespecError
+from ..paths import edgespec_home, file_fingerprint
 
 MANIFEST_DIR = Path(__file__).parent.parent / "manifests"  # a link to the repository's models/
 
@@ -32,11 +33,6 @@ def manifest_dirs() -> list[Path]:
     your own catalogue of models) first, then the built-in ``models/``."""
     extra = os.environ.get("EDGESPEC_MODELS_DIR", "")
     return [Path(p).expanduser() for p in extra.split(os.pathsep) if p] + [MANIFEST_DIR]
-
-
-def edgespec_home() -> Path:
-    """Where weights and caches live: ``$EDGESPEC_HOME``, default ``~/.cache/edgespec``."""
-    return Path(os.environ.get("EDGESPEC_HOME", Path.home() / ".cache" / "edgespec")).expanduser()
 
 
 @dataclass
@@ -363,22 +359,26 @@ def _verified(path: Path, manifest: Manifest) -> bool:
 def model_fingerprint(target: str) -> str:
     """A short hash of what a model argument names: a file's size and header (its
     metadata), a folder's config and file sizes; a name not on disk by itself."""
-    h = hashlib.sha256()
     try:
         path = resolve_model(str(target), fetch=False)
     except EdgespecError:  # a known name not downloaded, or a Hub id
         path = Path(str(target)).expanduser()
+    return file_fingerprint(path, str(target))
+
+
+def hub_snapshot(repo: str) -> Path:
+    """A Hub repo's files: from the local cache without network, else downloaded."""
+    from huggingface_hub import snapshot_download
+    cache_dir = os.environ.get("HF_HUB_CACHE") or None
     try:
-        if path.is_file():
-            with open(path, "rb") as f:
-                h.update(f"{path.stat().st_size}|".encode() + f.read(1 << 20))
-        elif path.is_dir():
-            for item in sorted(path.iterdir()):
-                h.update(f"{item.name}|{item.stat().st_size}|".encode())
-                if item.name == "config.json":
-                    h.update(item.read_bytes())
-        else:
-            h.update(str(target).encode())
-    except OSError:
-        h.update(str(target).encode())
-    return h.hexdigest()[:16]
+        return Path(snapshot_download(repo, local_files_only=True, cache_dir=cache_dir))
+    except Exception:
+        pass
+    if os.environ.get("HF_HUB_OFFLINE") == "1" or not _hub_reachable():
+        raise EdgespecError(f"{repo} is not in the Hugging Face cache and the Hub is not reachable: "
+                            f"download it on a connected machine, or give a local folder or .gguf file")
+    try:
+        return Path(snapshot_download(repo, cache_dir=cache_dir))
+    except Exception as exc:
+        raise EdgespecError(f"could not download {repo} from the Hub ({type(exc).__name__}): "
+                            f"check the repo id") from None

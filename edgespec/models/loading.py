@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..backends.base import Backend
+from ..core.backend import Backend
 from ..drafters import DraftModel
-from ..drafters.base import Drafter
-from ..drafters.registry import BUILTIN, make_drafter
+from ..core.draft import Drafter
+from ..drafters.registry import drafter_from_name
 from ..errors import EdgespecError
-from .arguments import BACKENDS, pick_backend
-from .catalog import resolve_model
+from .arguments import BACKENDS, looks_like_hub_id, pick_backend
+from .catalog import hub_snapshot, resolve_model
 
 
 @dataclass
@@ -58,8 +58,19 @@ def load_backend(spec: str, options: BackendOptions, *, name: str | None = None)
                                n_gpu_layers=options.n_gpu_layers, flash_attn=options.flash_attn,
                                name=name or _display_name(spec), rpc=options.rpc,
                                kernels=options.kernels)
-    from ..backends.mlx_backend import load_mlx_backend
-    return load_mlx_backend(spec, options, name=name or _display_name(spec))
+    return _load_mlx(spec, options, name=name or _display_name(spec))
+
+
+def _load_mlx(spec: str, options: BackendOptions, *, name: str) -> Backend:
+    """Load ``spec`` (GGUF file, model name, mlx-lm folder or Hub id) on MLX."""
+    from ..backends.mlx_backend import load_mlx_folder, load_mlx_gguf
+    path = Path(spec).expanduser()
+    if not path.is_dir() and not (looks_like_hub_id(spec) and not path.exists()):
+        path = resolve_model(spec, fetch=options.fetch)  # a GGUF file or a known model name
+        return load_mlx_gguf(path, name=name, n_ctx=options.n_ctx, quantize=options.mlx_quantize,
+                             kernels=options.kernels)
+    folder = path if path.is_dir() else hub_snapshot(spec)
+    return load_mlx_folder(folder, name=name, n_ctx=options.n_ctx, kernels=options.kernels)
 
 
 def load_drafter(spec: str | None, options: BackendOptions, *,
@@ -68,14 +79,11 @@ def load_drafter(spec: str | None, options: BackendOptions, *,
     (``"lookup"``, ``"suffix"``, ...): that drafter; else a draft model (stopping below
     ``min_confidence``, if given: --draft-p-min).
 
-    The :class:`~edgespec.engine.Engine` checks a draft model's vocabulary
+    The :class:`~edgespec.core.engine.Engine` checks a draft model's vocabulary
     against the target's.
     """
-    if spec is None or spec == "none":
-        return None
-    if spec in BUILTIN:
-        return make_drafter(spec)
-    return DraftModel(load_backend(spec, options), min_confidence=min_confidence or 0.0)
+    return drafter_from_name(spec, lambda name: DraftModel(load_backend(name, options),
+                                                           min_confidence=min_confidence or 0.0))
 
 
 def _display_name(spec: str) -> str:

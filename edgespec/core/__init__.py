@@ -1,0 +1,15 @@
+"""The core: one round loop and the exact math it stands on.
+
+- the math: :mod:`.sampling` (``SamplingParams``, ``logits_to_probs``, the one place
+  logits become probabilities), :mod:`.coupling` (seed-invariant sampling: the race),
+  :mod:`.acceptance` (the acceptance rule), :mod:`.shaping` and :mod:`.grammar` (what
+  a request does to each row: bias, penalties, a grammar's mask);
+- the contracts the engine is written against: :mod:`.backend` (``Backend``: one
+  model), :mod:`.draft` (``Draft``, ``Drafter``), :mod:`.planner` (``Planner``,
+  ``Planners``, ``FixedPlanner``, one round's drafting);
+- the state: :mod:`.cache` (a KV cache as the token ids it holds), :mod:`.stats`;
+- text: :mod:`.chat_template`, :mod:`.prompting`, :mod:`.detokenize`;
+- the loop: :mod:`.engine` and :mod:`.generation` (a generation's chunks and result).
+
+May import: errors, paths.
+"""

@@ -1,0 +1,215 @@
+"""The exact acceptance rule of speculative decoding (pure numpy, no models).
+
+Notation, used throughout edgespec: **p** is the target's distribution, **q**
+the drafter's, both after the same :func:`edgespec.core.sampling.logits_to_probs`.
+For draft tokens x1..xk (Leviathan et al. 2023; Chen et al. 2023):
+
+1. accept xi with probability min(1, p_i(xi) / q_i(xi));
+2. at the first rejection, sample the replacement from norm(max(0, p_i - q_i));
+3. if all k are accepted, sample a bonus token from p_{k+1}.
+
+A deterministic drafter (prompt lookup, the suffix drafter) reports
+``draft_probs=None``: q is one-hot on the proposed token. Then the rule above
+is the same as sampling the target's own token t_i from p_i and accepting xi
+when t_i == xi (probability p_i(xi)); at the first t_i != xi, t_i is the
+replacement (p_i given "not xi": exactly the residual). That is how it is done
+here (and in llama.cpp): every committed token is then drawn exactly as plain
+sampling draws it, one uniform number each, in order, so with the same seed
+such a drafter reproduces plain sampling's tokens (up to the rounding of a
+batched pass against a one-token pass). Either way, the tokens that come out
+are distributed exactly as sampling from the target alone.
+
+A drafter whose vocabulary has a few more rows than the target's may propose
+an id the target lacks. p is 0 there, so that draft is rejected for certain
+and the replacement comes from the residual over the target's ids. The target
+cannot evaluate such an id, so the draft is verified only up to it:
+:func:`runnable_drafts` says how many drafts to run the target on, and the
+verifiers accept ``k`` rows of target probabilities (instead of ``k + 1``)
+when the last draft is not run: out of the target's vocabulary, or refused by a
+request's grammar (:mod:`edgespec.core.shaping`), where p is 0 after the mask. It
+stays in the draft, rejected for certain, so that the replacement comes from
+the residual: cutting a draft model's draft at a token because of its value
+would not be exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from .coupling import Coupling
+from .sampling import ProbRows, SamplingParams, Scratch, top_probability
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a verified round commits: the accepted drafts, then one token of the
+    target's own (the recovered token after a rejection, or the bonus token
+    after all drafts were accepted)."""
+
+    accepted_token_ids: list[int]
+    next_token_id: int
+
+    @property
+    def num_accepted(self) -> int:
+        """How many draft tokens were accepted."""
+        return len(self.accepted_token_ids)
+
+    @property
+    def token_ids(self) -> list[int]:
+        """Every token the round commits, in order."""
+        return [*self.accepted_token_ids, self.next_token_id]
+
+
+def runnable_drafts(draft_token_ids: Sequence[int], vocab_size: int) -> int:
+    """How many leading drafts the target can evaluate (all ids below ``vocab_size``)."""
+    for i, token in enumerate(draft_token_ids):
+        if not 0 <= token < vocab_size:
+            return i
+    return len(draft_token_ids)
+
+
+def _check_rows(rows: int, draft_token_ids: Sequence[int], vocab_size: int) -> None:
+    num_draft = len(draft_token_ids)
+    runnable = runnable_drafts(draft_token_ids, vocab_size)
+    # The target runs on the last committed token and every draft it can evaluate;
+    # a last draft a request's grammar refuses is not run either (k rows: its p is 0).
+    expected = {runnable + 1, num_draft} if runnable >= num_draft - 1 else set()
+    if rows not in expected or rows < 1:
+        raise ValueError(
+            f"target rows: got {rows} for {num_draft} drafts; need k+1 = {num_draft + 1} "
+            f"(or k when the last draft was not run: outside the target's vocabulary of "
+            f"{vocab_size}, or refused by a grammar)")
+
+
+def rejection_sample(
+    target_probs: np.ndarray,
+    draft_token_ids: Sequence[int],
+    draft_probs: np.ndarray | None,
+    rng,
+    *,
+    draft_scales: Sequence[float] | None = None,
+    position: int = 0,
+) -> Verdict:
+    """Verify one round of drafts: the accepted prefix, then the target's own token.
+
+    ``target_probs`` is ``[k+1, V]`` (row i is p at draft position i, row k the
+    distribution after the last draft; an array, or a
+    :class:`~edgespec.core.sampling.ProbRows` that computes only the rows read),
+    ``draft_token_ids`` has length k, and ``draft_probs`` is ``[k, V']`` or ``None`` for a deterministic drafter.
+    ``V'`` may differ from ``V``: q of ids the target lacks cannot matter (p is
+    0 there), and ids only the target has get q = 0. With k = 0 this samples
+    one token from ``target_probs[0]``: a plain step. ``draft_scales``: a factor
+    per row when ``draft_probs`` holds q only up to it (q = probs × scale, as a
+    drafter that skipped normalising its rows reports them).
+
+    ``rng``: an ``np.random.Generator``, or a :class:`~edgespec.core.coupling.Coupling`
+    for seed-invariant sampling: then the target's own token at each row is the
+    one the coupling's noise decides at its context position (row 0 at
+    ``position``), and a draft is kept while it equals it, whatever q (drafts made
+    under the same noise mostly do).
+    """
+    num_draft = len(draft_token_ids)
+    vocab_size = target_probs.shape[-1]
+    _check_rows(target_probs.shape[0], draft_token_ids, vocab_size)
+    rows = target_probs if isinstance(target_probs, ProbRows) else ProbRows.of_probs(target_probs)
+    accepted: list[int] = []
+    if isinstance(rng, Coupling):  # the target's own token, by the noise; a draft is kept if equal
+        for i, token in enumerate(draft_token_ids):
+            own = rows.pick(i, rng, position + i)
+            if own != token:
+                return Verdict(accepted, own)
+            accepted.append(int(token))
+        return Verdict(accepted, rows.pick(num_draft, rng, position + num_draft))
+    if draft_probs is not None:
+        if draft_probs.shape[0] != num_draft:
+            raise ValueError(f"draft_probs has {draft_probs.shape[0]} rows for {num_draft} drafts")
+        draft_probs = _fit_vocab(draft_probs, vocab_size)  # [k, V]
+    if draft_probs is None:  # q one-hot: the target samples its own token; a draft is kept if equal
+        for i, token in enumerate(draft_token_ids):
+            own = rows.sample(i, rng)  # p(token) = 0 for an id the target lacks: never equal
+            if own != token:
+                return Verdict(accepted, own)
+            accepted.append(int(token))
+        return Verdict(accepted, rows.sample(num_draft, rng))
+    for i, token in enumerate(draft_token_ids):
+        q = draft_probs[i]
+        q_scale = 1.0 if draft_scales is None else float(draft_scales[i])
+        if token >= vocab_size:  # p = 0: a certain rejection
+            return Verdict(accepted, rows.sample_residual(i, q, rng, q_scale))
+        q_token = float(q[token]) * q_scale
+        # u * q < p  <=>  u < p / q, written without the division so q == 0 is safe.
+        if rng.random() * q_token < rows.prob(i, token):
+            accepted.append(int(token))
+            continue
+        return Verdict(accepted, rows.sample_residual(i, q, rng, q_scale))
+    return Verdict(accepted, rows.sample(num_draft, rng))
+
+
+def greedy_verify(target_argmax: Sequence[int], draft_token_ids: Sequence[int]) -> Verdict:
+    """Temperature-0 verification: accept drafts while they equal the target's argmax
+    (or, for a deterministic drafter's round verified on a device, the target's own
+    samples).
+
+    ``target_argmax`` has k+1 entries (the argmax at each draft position and
+    after the last), or k when the last draft is outside the target's
+    vocabulary (it never equals an argmax). The target's next token follows
+    the accepted prefix.
+    """
+    accepted: list[int] = []
+    for i, token in enumerate(draft_token_ids):
+        if int(target_argmax[i]) != int(token):
+            break
+        accepted.append(int(token))
+    return Verdict(accepted, int(target_argmax[len(accepted)]))
+
+
+def _fit_vocab(draft_probs: np.ndarray, vocab_size: int) -> np.ndarray:
+    """q over the target's vocabulary: ids the target lacks have p = 0, so
+    dropping their columns leaves max(p - q, 0) unchanged; missing ids get q = 0."""
+    width = draft_probs.shape[-1]
+    if width == vocab_size:
+        return draft_probs
+    if width > vocab_size:
+        return draft_probs[:, :vocab_size]
+    return np.pad(draft_probs, ((0, 0), (0, vocab_size - width)))
+
+
+def verify_round(logits: np.ndarray, draft_token_ids: Sequence[int], draft_probs, params: SamplingParams,
+                 rng, *, draft_scales: np.ndarray | None = None, confidence: bool = True,
+                 scratch: Scratch | None = None, position: int = 0) -> tuple[Verdict, np.ndarray]:
+    """The verdict on a round from the target's rows of logits ``[n, V]``, on the
+    host, and the target's top probability at each token it commits (for the
+    planner; empty without ``confidence``). Greedy, or :func:`rejection_sample`
+    over rows computed as it reads them. ``draft_scales``, ``rng`` and
+    ``position``: as for :func:`rejection_sample`. ``scratch``: where the
+    target's rows are computed (the caller's, reused round after round).
+
+    This is :meth:`Backend.verify <edgespec.core.backend.Backend.verify>` for every
+    backend whose logits come to the host (:class:`HostVerify`); MLX's runs the same
+    rule on its device.
+    """
+    logits = np.asarray(logits)
+    if draft_probs is not None and not isinstance(draft_probs, np.ndarray):
+        draft_probs = np.array(draft_probs)  # q from a device drafter, for a host target
+    if params.greedy:
+        verdict = greedy_verify(np.argmax(logits, axis=-1), draft_token_ids)
+        rows = logits[:verdict.num_accepted + 1] if confidence else logits[:0]
+        return verdict, top_probability(rows, scratch)
+    target_probs = ProbRows(logits, params, scratch)  # [n, V], rows computed as read
+    verdict = rejection_sample(target_probs, draft_token_ids, draft_probs, rng, draft_scales=draft_scales,
+                               position=position)
+    return verdict, target_probs.top(verdict.num_accepted + 1 if confidence else 0)
+
+
+class HostVerify:
+    """``Backend.verify`` of a backend whose logits come to the host: :func:`verify_round`."""
+
+    def verify(self, logits, draft_token_ids: Sequence[int], draft_probs, params: SamplingParams,
+               rng, *, draft_scales: np.ndarray | None = None, position: int = 0,
+               confidence: bool = True, scratch: Scratch | None = None) -> tuple[Verdict, np.ndarray]:
+        """The verdict on a round from this backend's rows of logits (see :func:`verify_round`)."""
+        return verify_round(logits, draft_token_ids, draft_probs, params, rng, draft_scales=draft_scales,
+                            confidence=confidence, scratch=scratch, position=position)

@@ -1,0 +1,90 @@
+"""Rendering a model's Jinja chat template, as Hugging Face transformers does."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+# ChatML, for models whose files carry no template.
+DEFAULT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def render_chat_template(template: str | None, messages: list[dict], *,
+                         add_generation_prompt: bool = True, bos_token: str = "",
+                         eos_token: str = "", max_chars: int | None = None,
+                         tools: list[dict] | None = None) -> str:
+    """Render ``messages`` (dicts with ``role`` and ``content``) to a prompt string.
+    ``tools``: OpenAI-style tool definitions, for templates with a tools section.
+
+    The template is someone else's code: it runs sandboxed, a result longer
+    than ``max_chars`` (what the context could hold) stops it as soon as it
+    is produced, and whatever it raises becomes a clear error.
+    """
+    import jinja2
+
+    from ..errors import EdgespecError
+
+    limit = max_chars if max_chars is not None else DEFAULT_MAX_CHARS
+    env = _bounded_sandbox(limit)
+    try:
+        pieces, length = [], 0
+        for piece in env.from_string(template or DEFAULT_TEMPLATE).generate(
+                messages=messages, add_generation_prompt=add_generation_prompt,
+                bos_token=bos_token, eos_token=eos_token, **({"tools": tools} if tools else {})):
+            length += len(piece)
+            if length > limit:
+                raise _TooLong()
+            pieces.append(piece)
+        return "".join(pieces)
+    except _TooLong:
+        raise EdgespecError(f"the chat template's output is over {limit:,} characters, more than the "
+                            f"context can hold: shorten the conversation, or raise --ctx") from None
+    except (jinja2.TemplateError, ArithmeticError, TypeError, ValueError, LookupError,
+            AttributeError, RecursionError) as exc:
+        raise EdgespecError(f"the model's chat template failed on these messages "
+                            f"({type(exc).__name__}: {exc})") from None
+
+
+def template_has_tools(template: str | None) -> bool:
+    """Whether a chat template renders tool definitions (Qwen2.5's, Llama 3.1's ...)."""
+    return bool(template) and "tools" in template
+
+
+# Without a context to bound it (a caller that gives no max_chars), no chat template
+# needs more than this.
+DEFAULT_MAX_CHARS = 1 << 24
+
+
+class _TooLong(Exception):
+    pass
+
+
+def _bounded_sandbox(limit: int):
+    """Jinja's immutable sandbox, where ``'ab' * 25000000`` and ``9 ** 9 ** 9``
+    are refused before they are computed."""
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class Bounded(ImmutableSandboxedEnvironment):
+        intercepted_binops = frozenset({"*", "**"})
+
+        def call_binop(self, context, operator, left, right):
+            if operator == "*":
+                for seq, times in ((left, right), (right, left)):
+                    if isinstance(seq, (str, list, tuple)) and isinstance(times, int) \
+                            and len(seq) * times > limit:
+                        raise _TooLong()
+            elif isinstance(right, (int, float)) and abs(right) > 64 \
+                    and isinstance(left, (int, float)) and abs(left) > 1:
+                raise jinja2.exceptions.SecurityError(f"{left} ** {right} is too large")
+            return super().call_binop(context, operator, left, right)
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    env = Bounded(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env
