@@ -16,7 +16,7 @@ import pytest
 
 import edgespec
 from edgespec import SamplingParams
-from edgespec.serve.openai_api import ApiError
+from edgespec.serve.errors import ApiError
 from edgespec.serve.server import ServerSettings, Turns, bind, create_app
 
 openai = pytest.importorskip("openai")

@@ -1,44 +1,55 @@
 """What the server's routes share, the OpenAI ones and llama-server's native ones:
-the API key, the JSON body, a generation started, streamed as events or
-collected whole (a client that goes away meanwhile cancels it)."""
+the API key (a dependency of the router they are on), a body read into its pydantic
+model, a generation started, and its chunks sent as server-sent events or as one JSON
+body once whole. Both go out as Starlette's streaming response, which listens for
+the client going away meanwhile and then stops, and so cancels, the generation."""
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import json
 from typing import AsyncIterator, Callable
 
-from .openai_api import ApiError
+from fastapi import Depends, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.sse import EventSourceResponse, format_sse_event
+from pydantic import BaseModel, ValidationError
+
+from .errors import ApiError, bad_request
 
 # What llama-server leaves open when it has an API key (its middleware's public
 # paths, but for the model list, which edgespec has always kept behind the key).
 OPEN_PATHS = ("/health", "/v1/health")
 
 
-def authorize(api_key: str | None, http_request) -> None:
-    """Refuse (401) a request without the key: ``Authorization: Bearer KEY`` or, as
-    llama-server also takes it, ``X-Api-Key: KEY``."""
-    if api_key is None:
-        return
-    header = http_request.headers.get("authorization", "")
-    given = header.removeprefix("Bearer ").strip() if header.startswith("Bearer ") else \
-        http_request.headers.get("x-api-key", "")
-    if not hmac.compare_digest(given.encode(), api_key.encode()):
-        raise ApiError(401, "missing or wrong API key: send Authorization: Bearer KEY",
-                       code="invalid_api_key")
+def api_key(key: str | None):
+    """The dependency that refuses (401) a request without ``key``: ``Authorization:
+    Bearer KEY`` or, as llama-server also takes it, ``X-Api-Key: KEY``."""
+    async def authorize(http_request: Request) -> None:
+        if key is None:
+            return
+        header = http_request.headers.get("authorization", "")
+        given = header.removeprefix("Bearer ").strip() if header.startswith("Bearer ") else \
+            http_request.headers.get("x-api-key", "")
+        if not hmac.compare_digest(given.encode(), key.encode()):
+            raise ApiError(401, "missing or wrong API key: send Authorization: Bearer KEY",
+                           code="invalid_api_key")
+    return Depends(authorize)
 
 
-async def read_json(http_request):
-    try:
-        return json.loads(await http_request.body())
-    except (ValueError, RecursionError):
-        raise ApiError(400, "the request body is not valid JSON") from None
-
-
-def sse(data: dict) -> str:
-    """One server-sent event."""
-    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+def body(model: type[BaseModel], **context):
+    """The dependency that reads a request's JSON body (whatever its Content-Type) into
+    ``model``, validated with ``context``; a 400 names the first field at fault."""
+    async def read(http_request: Request):
+        try:
+            data = json.loads(await http_request.body())
+        except (ValueError, RecursionError):
+            raise ApiError(400, "the request body is not valid JSON") from None
+        try:
+            return model.model_validate(data, context=context)
+        except ValidationError as exc:
+            raise bad_request(exc) from None
+    return Depends(read)
 
 
 async def started(chunks: AsyncIterator) -> AsyncIterator:
@@ -58,27 +69,31 @@ async def started(chunks: AsyncIterator) -> AsyncIterator:
     return every()
 
 
-async def whole(stream: AsyncIterator, http_request, build: Callable[[list], dict]):
-    """Collect a whole generation, then ``build(chunks)`` the response; None when the
-    client disconnected meanwhile (which cancelled the generation) or the server is
-    shutting down."""
-    async def collect():
-        chunks = [item async for item in stream]
-        return build(chunks) if chunks and chunks[-1].finish_reason is not None else None
+def events(stream: AsyncIterator[dict | str]) -> EventSourceResponse:
+    """Server-sent events: each dict of ``stream`` as JSON, a string (``[DONE]``) as it is."""
+    async def encoded():
+        async for data in stream:
+            yield format_sse_event(data_str=data if isinstance(data, str) else
+                                   json.dumps(data, ensure_ascii=False))
+    return EventSourceResponse(encoded(), headers={"Cache-Control": "no-cache"})
 
-    async def disconnected():
-        while (await http_request.receive())["type"] != "http.disconnect":
-            pass
 
-    result, gone = asyncio.ensure_future(collect()), asyncio.ensure_future(disconnected())
-    try:
-        await asyncio.wait({result, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in (gone, result):
-            if not task.done():
-                task.cancel()
-        await asyncio.gather(result, gone, return_exceptions=True)
-        await stream.aclose()  # (a client gone: its generation's cancel is set here)
-    if result.cancelled():
-        return None  # nobody is listening
-    return result.result()
+class Whole(StreamingResponse):
+    """A generation collected whole, then ``build(chunks)`` sent as one JSON body (null
+    when the server shut down meanwhile). The collecting runs inside the response, where
+    Starlette listens for the client going away (ASGI before 2.4, which uvicorn speaks)
+    and cancels it then, and so the generation."""
+
+    def __init__(self, stream: AsyncIterator, build: Callable[[list], dict]):
+        super().__init__(stream)
+        self.build = build
+
+    async def stream_response(self, send) -> None:
+        try:
+            chunks = [item async for item in self.body_iterator]
+        finally:
+            await self.body_iterator.aclose()  # (a client gone: the generation's cancel is set)
+        whole = JSONResponse(self.build(chunks) if chunks and chunks[-1].finish_reason is not None
+                             else None)
+        await send({"type": "http.response.start", "status": 200, "headers": whole.raw_headers})
+        await send({"type": "http.response.body", "body": whole.body})

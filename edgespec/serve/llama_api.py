@@ -1,25 +1,28 @@
 """llama-server's native wire format: ``/completion``, ``/tokenize``, ``/detokenize``, ``/props``.
 
-No web framework here: :mod:`edgespec.serve.native_routes` moves these dicts over HTTP.
+No web framework here: :mod:`edgespec.serve.native_routes` moves these over HTTP.
 Field names and shapes follow llama.cpp's ``tools/server`` (its README and
 ``server.cpp``), so clients written for llama-server (Continue's llama.cpp
-provider, Zed's, web pages that read ``/props``) work unchanged. A native request
-is checked by the OpenAI parser (:func:`~edgespec.serve.openai_api.parse_request`) once
-its llama-server names are mapped to OpenAI's; what is llama-server's own is
-checked here. Sampling that would change the model's distribution (mirostat,
-repetition penalties, grammars) is refused with a 400 rather than ignored, as on
-the OpenAI endpoints.
+provider, Zed's, web pages that read ``/props``) work unchanged. A ``/completion``
+body is an OpenAI completions body (:class:`~edgespec.serve.openai_api.CompletionBody`)
+in llama-server's names, with llama-server's own fields checked first. Sampling that
+would change the model's distribution (mirostat, repetition penalties, grammars) is
+refused with a 400 rather than ignored, as on the OpenAI endpoints.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from importlib import metadata
+from typing import Annotated, Any
+
+from pydantic import (AfterValidator, AliasChoices, BaseModel, BeforeValidator, Field, PlainValidator,
+                      StrictBool, StrictInt, StrictStr, create_model)
 
 from ..drafters import registry
 from ..drafters.registry import BUILTIN
 from ..errors import EdgespecError
-from .openai_api import ApiError, Request, parse_request, timings
+from .errors import ApiError, invalid
+from .openai_api import CompletionBody, Request, Sampling, timings
 from ..core.prompting import check_prompt_chars
 from ..core.sampling import SamplingParams
 from ..core.stats import GenerationStats
@@ -35,62 +38,78 @@ FLAGS = ("cache_prompt", "return_tokens", "timings_per_token")
 MAX_STOPS = 64  # llama-server has no limit; a generous one keeps the matching cheap
 
 
-def parse_completion(body, defaults: SamplingParams) -> tuple[Request, bool]:
-    """A ``POST /completion`` body as a :class:`Request` (kind "completion"), and
-    whether the response lists the token ids (``return_tokens``)."""
-    if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object")
-    for name, neutral in NEUTRAL.items():
-        value = body.get(name)
-        if value is not None and value != neutral and not (neutral is None and value == {}):
-            raise ApiError(400, f"{name} is not supported: exact speculative decoding samples "
-                                f"the model's own distribution", param=name)
-    for name in FLAGS:
-        if not isinstance(body.get(name, False), bool):
-            raise ApiError(400, f"{name} must be true or false", param=name)
-    openai = {key: value for key, value in body.items() if key not in ("n_predict", "stop", "seed")}
-    n_predict = body.get("n_predict")
-    if n_predict is not None:
-        if isinstance(n_predict, bool) or not isinstance(n_predict, int) or \
-                not (n_predict == -1 or n_predict >= 1):
-            raise ApiError(400, f"invalid n_predict={n_predict!r}: must be an integer >= 1, "
-                                f"or -1 for no limit", param="n_predict")
-        openai["max_tokens"] = None if n_predict == -1 else n_predict
-    elif body.get("max_tokens") == -1:
-        openai["max_tokens"] = None
-    if body.get("seed") != -1:  # -1: a random seed, as in llama-server
-        openai["seed"] = body.get("seed")
-    request = parse_request(openai, "completion", defaults)
-    return dataclasses.replace(request, stop=_stops(body.get("stop"))), \
-        bool(body.get("return_tokens", False))
+def _neutral(value, info):
+    neutral = NEUTRAL[info.field_name]
+    if value is not None and value != neutral and not (neutral is None and value == {}):
+        raise invalid(f"{info.field_name} is not supported: exact speculative decoding samples "
+                      f"the model's own distribution", info.field_name)
+    return value
+
+
+def _n_predict(n):
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not (n == -1 or n >= 1)):
+        raise invalid(f"invalid n_predict={n!r}: must be an integer >= 1, or -1 for no limit", "n_predict")
+    return n
 
 
 def _stops(stop) -> list[str]:
     """llama-server's ``stop``: a list of strings (any number, up to :data:`MAX_STOPS`)."""
-    if stop is None:
-        return []
-    stop = [stop] if isinstance(stop, str) else stop
+    stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
     if not isinstance(stop, list) or len(stop) > MAX_STOPS or \
             not all(isinstance(s, str) and s for s in stop):
-        raise ApiError(400, f"stop must be a list of up to {MAX_STOPS} non-empty strings",
-                       param="stop")
+        raise invalid(f"must be a list of up to {MAX_STOPS} non-empty strings")
     return stop
 
 
-def parse_tokenize(body) -> tuple[str, bool, bool, bool]:
-    """``POST /tokenize``: (content, add_special, parse_special, with_pieces)."""
-    if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object")
-    content = body.get("content")
-    if not isinstance(content, str):
-        raise ApiError(400, "content must be a string (the text to tokenize)", param="content")
-    flags = []
-    for name, default in (("add_special", False), ("parse_special", True), ("with_pieces", False)):
-        value = body.get(name, default)
-        if not isinstance(value, bool):
-            raise ApiError(400, f"{name} must be true or false", param=name)
-        flags.append(value)
-    return (content, *flags)
+def _unlimited(max_tokens, info):
+    return None if max_tokens == -1 or info.data.get("n_predict") is not None else max_tokens
+
+
+# llama-server's own fields, each neutral or refused, then the flags and n_predict.
+_Native = create_model("_Native", **{name: (Annotated[Any, AfterValidator(_neutral)], None) for name in NEUTRAL},
+                       **{name: (StrictBool, False) for name in FLAGS},
+                       n_predict=(Annotated[int | None, PlainValidator(_n_predict)], None))
+
+
+class NativeCompletion(CompletionBody, _Native):
+    """A ``POST /completion`` body. Its bases are ordered so that llama-server's own
+    fields are checked first (see :mod:`~edgespec.serve.openai_api`); ``-1`` means no
+    limit for ``n_predict`` (which wins over ``max_tokens``) and a random ``seed``."""
+
+    max_tokens: Annotated[Annotated[StrictInt, Field(ge=1)] | None, BeforeValidator(_unlimited)] = Field(
+        None, validation_alias=AliasChoices("max_completion_tokens", "max_tokens"))
+    seed: Annotated[Sampling, BeforeValidator(lambda seed: None if seed == -1 else seed)] = None
+    stop: Annotated[list[str], PlainValidator(_stops)] = []
+
+    def request(self, defaults: SamplingParams) -> Request:
+        """What this body asks for, sampling left unset taken from ``defaults``."""
+        request = super().request(defaults)
+        if self.n_predict is not None:
+            request.max_tokens = None if self.n_predict == -1 else self.n_predict
+        return request
+
+
+class TokenizeBody(BaseModel):
+    """A ``POST /tokenize`` body."""
+
+    content: StrictStr
+    add_special: StrictBool = False
+    parse_special: StrictBool = True
+    with_pieces: StrictBool = False
+
+
+def _token_ids(tokens, info) -> list[int]:
+    vocab = info.context["vocab_size"]
+    if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool)
+                                               and 0 <= t < vocab for t in tokens):
+        raise invalid(f"must be a list of token ids (0 .. {vocab - 1})")
+    return tokens
+
+
+class DetokenizeBody(BaseModel):
+    """A ``POST /detokenize`` body: token ids, each within the vocabulary."""
+
+    tokens: Annotated[list[int], PlainValidator(_token_ids)]
 
 
 def tokenize(backend, content: str, add_special: bool, parse_special: bool) -> list[int]:
@@ -114,16 +133,6 @@ def pieces(token_ids: list[int], token_bytes) -> list[dict]:
             piece = list(raw)
         out.append({"id": token, "piece": piece})
     return out
-
-
-def parse_detokenize(body, vocab_size: int) -> list[int]:
-    """``POST /detokenize``: the token ids, each within the vocabulary."""
-    tokens = body.get("tokens") if isinstance(body, dict) else None
-    if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool)
-                                               and 0 <= t < vocab_size for t in tokens):
-        raise ApiError(400, f"tokens must be a list of token ids (0 .. {vocab_size - 1})",
-                       param="tokens")
-    return tokens
 
 
 def detokenize(token_ids: list[int], token_bytes) -> str:

@@ -10,25 +10,26 @@ from __future__ import annotations
 
 from typing import AsyncIterator, Callable
 
-from fastapi import Request as HttpRequest
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
 from . import llama_api
+from .llama_api import DetokenizeBody, NativeCompletion, TokenizeBody
 from .metrics import CONTENT_TYPE
-from .http import authorize, read_json, sse, started, whole
+from .http import Whole, body, events, started
 
 
-def add_native_routes(app, server) -> None:
-    """Add the native endpoints to ``app``, serving ``server`` (a ``Server``)."""
+def add_native_routes(api, server) -> None:
+    """Add the native endpoints to ``api`` (the router behind the API key), serving
+    ``server`` (a ``Server``)."""
     settings, engine = server.settings, server.engine
     target, model = engine.target, settings.model_names[0]
     chat_template, special = llama_api.chat_template_of(target), llama_api.special_tokens(target)
     draft_model = server.drafters.model.name if server.drafters.model else None
+    vocab_size = target.vocab.size
 
-    @app.get("/props")
-    async def props(http_request: HttpRequest):
-        authorize(settings.api_key, http_request)
+    @api.get("/props")
+    async def props():
         params = llama_api.generation_settings(settings.defaults, None, [], False,
                                                server.drafters.default, settings.num_draft)
         return llama_api.props(
@@ -37,12 +38,10 @@ def add_native_routes(app, server) -> None:
             chat_template=chat_template, special=special,
             speculative=llama_api.speculative(server.drafters.default, settings.num_draft, draft_model))
 
-    @app.post("/completion")
-    @app.post("/completions")
-    async def completion(http_request: HttpRequest):
-        authorize(settings.api_key, http_request)
-        request, return_tokens = llama_api.parse_completion(await read_json(http_request),
-                                                            settings.defaults)
+    @api.post("/completion")
+    @api.post("/completions")
+    async def completion(native: NativeCompletion = body(NativeCompletion, vocab_size=vocab_size)):
+        request, return_tokens = native.request(settings.defaults), native.return_tokens
         generation = llama_api.generation_settings(
             request.params, request.max_tokens, request.stop, request.stream,
             request.drafter or server.drafters.default, request.num_draft or settings.num_draft)
@@ -57,33 +56,26 @@ def add_native_routes(app, server) -> None:
 
         stream = await started(server.run(request))
         if request.stream:
-            return StreamingResponse(_events(stream, return_tokens, final),
-                                     media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
-        return await whole(stream, http_request, lambda chunks: final(chunks, False))
+            return events(_events(stream, return_tokens, final))
+        return Whole(stream, lambda chunks: final(chunks, False))
 
-    @app.post("/tokenize")
-    async def tokenize(http_request: HttpRequest):
-        authorize(settings.api_key, http_request)
-        content, add_special, parse_special, with_pieces = \
-            llama_api.parse_tokenize(await read_json(http_request))
-        ids = await run_in_threadpool(llama_api.tokenize, target, content, add_special, parse_special)
-        return {"tokens": llama_api.pieces(ids, target.token_bytes) if with_pieces else ids}
+    @api.post("/tokenize")
+    async def tokenize(asked: TokenizeBody = body(TokenizeBody)):
+        ids = await run_in_threadpool(llama_api.tokenize, target, asked.content, asked.add_special,
+                                      asked.parse_special)
+        return {"tokens": llama_api.pieces(ids, target.token_bytes) if asked.with_pieces else ids}
 
-    @app.post("/detokenize")
-    async def detokenize(http_request: HttpRequest):
-        authorize(settings.api_key, http_request)
-        ids = llama_api.parse_detokenize(await read_json(http_request), target.vocab.size)
-        return {"content": llama_api.detokenize(ids, target.token_bytes)}
+    @api.post("/detokenize")
+    async def detokenize(asked: DetokenizeBody = body(DetokenizeBody, vocab_size=vocab_size)):
+        return {"content": llama_api.detokenize(asked.tokens, target.token_bytes)}
 
-    @app.get("/metrics")
-    async def metrics(http_request: HttpRequest):
-        authorize(settings.api_key, http_request)
+    @api.get("/metrics")
+    async def metrics():
         return Response(server.metrics.exposition(), media_type=CONTENT_TYPE)
 
 
 async def _events(stream: AsyncIterator, return_tokens: bool,
-                  final: Callable[[list, bool], dict]) -> AsyncIterator[str]:
+                  final: Callable[[list, bool], dict]) -> AsyncIterator[dict]:
     """A ``/completion`` streamed as llama-server streams it: an event per token with
     its ``content`` and ``"stop": false``, then the final result (``"stop": true``,
     ``timings``), and no ``[DONE]``."""
@@ -93,9 +85,9 @@ async def _events(stream: AsyncIterator, return_tokens: bool,
             chunks.append(item)
             predicted += len(item.token_ids)
             if item.text or (return_tokens and item.token_ids):
-                yield sse(llama_api.completion_chunk(
-                    item.text, item.token_ids if return_tokens else [], predicted, item.from_draft))
+                yield llama_api.completion_chunk(
+                    item.text, item.token_ids if return_tokens else [], predicted, item.from_draft)
             if item.finish_reason is not None:
-                yield sse(final(chunks, True))
+                yield final(chunks, True)
     finally:
         await stream.aclose()  # a client gone: its generation's cancel is set here

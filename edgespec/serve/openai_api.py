@@ -1,10 +1,11 @@
-"""The OpenAI wire format: requests checked into plain settings, results into responses.
+"""The OpenAI wire format: request bodies (pydantic models) checked into plain
+settings, results into responses.
 
-No web framework here: :mod:`edgespec.serve.server` moves these dicts over HTTP.
+No web framework here: :mod:`edgespec.serve.server` moves these over HTTP.
 Field names and shapes follow OpenAI's chat and completions APIs; responses
 also carry llama-server's ``timings`` (``prompt_n``, ``predicted_per_second``,
 ``draft_n``, ``draft_n_accepted``, ...) so that clients which read
-llama-server's numbers see edgespec's too.
+llama-server's numbers see edgespec's too. Fields a body does not know are ignored.
 """
 
 from __future__ import annotations
@@ -12,29 +13,24 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+from pydantic import (AfterValidator, AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field,
+                      PlainValidator, StrictBool, StrictInt, StrictStr, model_validator)
 
 from ..drafters.registry import REQUEST_CHOICES
-from .openai_fields import Extras, FieldError, parse_extras, split_tool_calls, tool_names
+from . import openai_fields as fields
+from .errors import invalid
+from .openai_fields import Extras, split_tool_calls, tool_names
+from ..core.grammar import Grammar
 from ..core.sampling import SamplingParams
+from ..core.shaping import Shaping
 from ..core.stats import GenerationStats
 
 DRAFTERS = REQUEST_CHOICES  # a request's speculative.drafter
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
          "tool": "tool"}
-
-
-class ApiError(Exception):
-    """An error response: HTTP status and OpenAI's ``{"error": {...}}`` body."""
-
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None, headers: dict | None = None):
-        super().__init__(message)
-        self.status, self.message, self.type = status, message, type
-        self.param, self.code, self.headers = param, code, headers or {}
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code}}
+SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed")
 
 
 @dataclass
@@ -54,91 +50,11 @@ class Request:
     extras: Extras = field(default_factory=Extras)  # response_format, tools, logprobs, ...
 
 
-def parse_request(body, kind: str, defaults: SamplingParams) -> Request:
-    """Check a request body; raise :class:`ApiError` (400) naming the bad field."""
-    if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object")
-    if kind == "chat":
-        prompt = _messages(body.get("messages"))
-    else:
-        prompt = _prompt(body.get("prompt"))
-    n = body.get("n", 1)
-    if n not in (1, None):
-        raise ApiError(400, "only n = 1 is supported", param="n")
-    try:
-        extras = parse_extras(body, kind)
-    except FieldError as exc:
-        raise ApiError(400, str(exc), param=exc.param) from None
-    sampling = {name: body[key] for key, name in (("temperature", "temperature"), ("top_p", "top_p"),
-                                                   ("top_k", "top_k"), ("min_p", "min_p"),
-                                                   ("seed", "seed"))
-                if body.get(key) is not None}
-    try:
-        params = defaults.with_(**sampling)
-    except ValueError as exc:  # "invalid temperature='x': must be ..."
-        raise ApiError(400, str(exc), param=param_of(exc)) from None
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)
-                                   or max_tokens < 1):
-        raise ApiError(400, f"invalid max_tokens={max_tokens!r}: must be an integer >= 1",
-                       param="max_tokens")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise ApiError(400, "stream must be true or false", param="stream")
-    options = body.get("stream_options") or {}
-    if not isinstance(options, dict):
-        raise ApiError(400, "stream_options must be an object", param="stream_options")
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise ApiError(400, "model must be a string", param="model")
-    drafter, num_draft = _speculative(body.get("speculative"))
-    return Request(kind, prompt, params, max_tokens, _stop(body.get("stop")), stream,
-                   bool(options.get("include_usage")), model, drafter, num_draft, extras)
-
-
-def param_of(exc: Exception) -> str | None:
-    """The request field an edgespec error is about: "invalid temperature=..." names
-    it; otherwise the messages or the prompt, where the error says so."""
-    text = str(exc)
-    if text.startswith("invalid ") and "=" in text:
-        return text.removeprefix("invalid ").split("=")[0]
-    return "messages" if "message" in text else "prompt" if "prompt" in text else None
-
-
-def _messages(messages) -> list[dict]:
-    """OpenAI chat messages as role/content strings (text parts joined)."""
-    if not isinstance(messages, list) or not messages:
-        raise ApiError(400, "messages must be a non-empty list", param="messages")
-    out = []
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise ApiError(400, f"messages[{i}] must be an object", param=f"messages[{i}]")
-        role = message.get("role")
-        if role not in ROLES:
-            raise ApiError(400, f"messages[{i}] has role {role!r}: use system, user, assistant or tool",
-                           param=f"messages[{i}].role")
-        content = message.get("content")
-        calls = message.get("tool_calls") if role == "assistant" else None
-        if calls is not None and not (isinstance(calls, list) and all(
-                isinstance(c, dict) and isinstance(c.get("function"), dict)
-                and isinstance(c["function"].get("name"), str) for c in calls)):
-            raise ApiError(400, f"messages[{i}].tool_calls must be a list of function calls",
-                           param=f"messages[{i}].tool_calls")
-        if calls and content is None:
-            content = ""
-        if isinstance(content, list):  # content parts: text only
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                       for p in content):
-                raise ApiError(400, f"messages[{i}].content: only text parts are supported",
-                               param=f"messages[{i}].content")
-            content = "".join(p["text"] for p in content)
-        if not isinstance(content, str):
-            raise ApiError(400, f"messages[{i}] needs text content", param=f"messages[{i}].content")
-        out.append({"role": ROLES[role], "content": content,
-                    **({"tool_calls": calls} if calls else {}),
-                    **({"tool_call_id": message["tool_call_id"]}
-                       if role == "tool" and isinstance(message.get("tool_call_id"), str) else {})})
-    return out
+def _sampling(value, info):
+    """A sampling field, checked as :class:`SamplingParams` checks it (its message names it)."""
+    if value is not None:
+        SamplingParams(**{info.field_name: value})
+    return value
 
 
 def _prompt(prompt) -> str | list[int]:
@@ -150,34 +66,150 @@ def _prompt(prompt) -> str | list[int]:
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
                                                    for t in prompt):
         return prompt
-    raise ApiError(400, "prompt must be a non-empty string or list of token ids (one prompt only)",
-                   param="prompt")
+    raise invalid("must be a non-empty string or list of token ids (one prompt only)")
 
 
 def _stop(stop) -> list[str]:
-    if stop is None:
-        return []
-    stop = [stop] if isinstance(stop, str) else stop
+    stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
     if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) for s in stop):
-        raise ApiError(400, "stop must be a string or a list of up to 4 strings", param="stop")
+        raise invalid("must be a string or a list of up to 4 strings")
     return stop
 
 
-def _speculative(option) -> tuple[str | None, int | str | None]:
-    """The extra ``speculative`` field: ``{"drafter": ..., "num_draft": ...}``."""
-    if option is None:
-        return None, None
-    if not isinstance(option, dict):
-        raise ApiError(400, 'speculative must be an object like {"drafter": "lookup", "num_draft": 4}',
-                       param="speculative")
-    drafter, k = option.get("drafter"), option.get("num_draft")
-    if drafter is not None and drafter not in DRAFTERS:
-        raise ApiError(400, f"speculative.drafter must be one of {', '.join(DRAFTERS)}",
-                       param="speculative.drafter")
+def _num_draft(k):
     if k is not None and k != "auto" and not (isinstance(k, int) and not isinstance(k, bool) and k >= 1):
-        raise ApiError(400, "speculative.num_draft must be an integer >= 1 or \"auto\"",
-                       param="speculative.num_draft")
-    return drafter, k
+        raise invalid('must be an integer >= 1 or "auto"')
+    return k
+
+
+def _tool_calls(calls, info):
+    if info.data.get("role") != "assistant":
+        return None  # (read on an assistant's message only)
+    if calls is not None and not (isinstance(calls, list) and all(
+            isinstance(c, dict) and isinstance(c.get("function"), dict)
+            and isinstance(c["function"].get("name"), str) for c in calls)):
+        raise invalid("must be a list of function calls")
+    return calls
+
+
+def _content(content, info) -> str:
+    text = "" if content is None and info.data.get("tool_calls") else fields.text_of(content)
+    if text is None:
+        raise invalid("only text parts are supported" if isinstance(content, list) else "needs text content")
+    return text
+
+
+Sampling = Annotated[Any, AfterValidator(_sampling)]
+
+
+class Message(BaseModel):
+    """An OpenAI chat message: its role and text (text parts joined), an assistant's
+    tool calls, a tool's reply's ``tool_call_id``."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    tool_calls: Annotated[list[dict] | None, PlainValidator(_tool_calls)] = None
+    content: Annotated[str, PlainValidator(_content)] = Field(None, validate_default=True)
+    tool_call_id: Any = None
+
+    def plain(self) -> dict:
+        """The message as the chat template takes it."""
+        return {"role": ROLES[self.role], "content": self.content,
+                **({"tool_calls": self.tool_calls} if self.tool_calls else {}),
+                **({"tool_call_id": self.tool_call_id}
+                   if self.role == "tool" and isinstance(self.tool_call_id, str) else {})}
+
+
+class Speculative(BaseModel):
+    """The extra ``speculative`` field: ``{"drafter": "lookup", "num_draft": 4}``."""
+
+    drafter: Literal[DRAFTERS] | None = None
+    num_draft: Annotated[int | str | None, PlainValidator(_num_draft)] = None
+
+
+# Pydantic checks a model's fields in order, a base's before its subclass's, and the
+# error named is the first: the bases below are ordered so that a request's messages or
+# prompt come first, then the fields all requests share, as edgespec has always checked them.
+
+class _Messages(BaseModel):
+    messages: Annotated[list[Message], Field(min_length=1)]
+
+
+class _Prompt(BaseModel):
+    prompt: Annotated[str | list[int], PlainValidator(_prompt)]
+
+
+class _Shared(BaseModel):
+    """The fields chat and completions requests share."""
+
+    model_config = ConfigDict(loc_by_alias=False, arbitrary_types_allowed=True)
+
+    n: Literal[1] | None = 1
+    logprobs: Annotated[bool | None, PlainValidator(fields.logprobs_flag)] = None
+    top_logprobs: Annotated[int | None, PlainValidator(fields.top_logprobs)] = None
+    prediction: Annotated[str | None, PlainValidator(fields.prediction)] = None
+    tools: Annotated[list[dict] | None, PlainValidator(fields.tools)] = None
+    tool_choice: Annotated[str | dict | None, PlainValidator(fields.tool_choice)] = None
+    response_format: Annotated[Grammar | None, PlainValidator(fields.response_format)] = \
+        Field(None, validate_default=True)  # (tool_choice's grammar, too)
+    logit_bias: Annotated[dict[int, float], PlainValidator(fields.logit_bias)] = {}
+    presence_penalty: Annotated[float, PlainValidator(fields.penalty)] = 0.0
+    frequency_penalty: Annotated[float, PlainValidator(fields.penalty)] = 0.0
+    temperature: Sampling = None
+    top_p: Sampling = None
+    top_k: Sampling = None
+    min_p: Sampling = None
+    seed: Sampling = None
+    max_tokens: Annotated[StrictInt, Field(ge=1)] | None = Field(
+        None, validation_alias=AliasChoices("max_completion_tokens", "max_tokens"))
+    stream: StrictBool = False
+    stream_options: Annotated[dict, BeforeValidator(lambda options: options or {})] = {}
+    model: StrictStr | None = None
+    speculative: Speculative = Speculative()
+    stop: Annotated[list[str], PlainValidator(_stop)] = []
+
+    @model_validator(mode="after")
+    def _prediction_alone(self):
+        """OpenAI's own limits on Predicted Outputs."""
+        if self.prediction is not None:
+            for name, used in (("logprobs", self.asked_logprobs() is not None), ("tools", bool(self.tools)),
+                               ("presence_penalty", bool(self.presence_penalty)),
+                               ("frequency_penalty", bool(self.frequency_penalty))):
+                if used:
+                    raise invalid(f"{name} is not supported with predicted outputs", name)
+        return self
+
+    def asked_logprobs(self) -> int | None:
+        """How many alternatives each token's logprobs list; None: no logprobs."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    def request(self, defaults: SamplingParams) -> Request:
+        """What this body asks for, sampling left unset taken from ``defaults``."""
+        shaping = Shaping(self.logit_bias, self.presence_penalty, self.frequency_penalty,
+                          self.response_format)
+        extras = Extras(shaping if shaping.active else None, self.asked_logprobs(), self.tools,
+                        (self.tool_choice or "auto") if self.tools else "none", self.prediction)
+        sampling = {name: getattr(self, name) for name in SAMPLING if getattr(self, name) is not None}
+        chat = isinstance(self, ChatBody)
+        return Request("chat" if chat else "completion",
+                       [m.plain() for m in self.messages] if chat else self.prompt,
+                       defaults.with_(**sampling), self.max_tokens, self.stop, self.stream,
+                       bool(self.stream_options.get("include_usage")), self.model,
+                       self.speculative.drafter, self.speculative.num_draft, extras)
+
+
+class ChatBody(_Shared, _Messages):
+    """A ``POST /v1/chat/completions`` body."""
+
+
+class CompletionBody(_Shared, _Prompt):
+    """A ``POST /v1/completions`` body: a prompt, and the legacy ``logprobs`` (an integer)."""
+
+    logprobs: Annotated[int | None, PlainValidator(fields.logprobs_number)] = None
+    top_logprobs: Any = None  # (not the legacy API's)
+
+    def asked_logprobs(self) -> int | None:
+        """How many alternatives each token's logprobs list; None: no logprobs."""
+        return self.logprobs
 
 
 # -- responses ------------------------------------------------------------------------------

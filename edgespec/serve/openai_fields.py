@@ -18,18 +18,11 @@ from typing import Sequence
 
 from ..core.grammar import Grammar
 from ..core.shaping import Shaping
+from .errors import invalid
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 MAX_TOP_LOGPROBS = 20
 FLOOR = -9999.0  # OpenAI's logprob for a token that cannot come (JSON has no -inf)
-
-
-class FieldError(ValueError):
-    """A bad field: the message and the field's name (``ApiError``'s param)."""
-
-    def __init__(self, message: str, param: str):
-        super().__init__(message)
-        self.param = param
 
 
 @dataclass
@@ -43,89 +36,130 @@ class Extras:
     prediction: str | None = None
 
 
-def parse_extras(body: dict, kind: str) -> Extras:
-    """Check the fields above in a request ``body`` ("chat" or "completion")."""
-    extras = Extras(logprobs=_logprobs(body, kind), prediction=_prediction(body))
-    extras.tools, extras.tool_choice = _tools(body)
-    grammars = [g for g in (_response_format(body.get("response_format")),
-                            _tool_grammar(extras.tools, extras.tool_choice)) if g is not None]
-    if len(grammars) > 1:
-        raise FieldError("response_format cannot be combined with tool_choice 'required' or a named "
-                         "function: use one", "response_format")
-    try:
-        shaping = Shaping(_logit_bias(body.get("logit_bias")),
-                          _number(body, "presence_penalty"), _number(body, "frequency_penalty"),
-                          grammars[0] if grammars else None)
-    except FieldError:
-        raise
-    except ValueError as exc:
-        raise FieldError(str(exc), str(exc).removeprefix("invalid ").split("=")[0]) from None
-    extras.shaping = shaping if shaping.active else None
-    if extras.prediction is not None:  # OpenAI's own limits on Predicted Outputs
-        for name, used in (("logprobs", extras.logprobs is not None), ("tools", bool(extras.tools)),
-                           ("presence_penalty", bool(shaping.presence_penalty)),
-                           ("frequency_penalty", bool(shaping.frequency_penalty)),
-                           ("n", body.get("n", 1) not in (1, None))):
-            if used:
-                raise FieldError(f"{name} is not supported with predicted outputs", name)
-    return extras
+# -- the fields' validators (pydantic's, in openai_api's request models) ---------------------
 
 
-def _number(body: dict, name: str) -> float:
-    value = body.get(name)
-    return 0.0 if value is None else value
-
-
-def _logit_bias(bias) -> dict[int, float]:
-    if bias is None:
-        return {}
-    if not isinstance(bias, dict):
-        raise FieldError("logit_bias must map token ids to numbers from -100 to 100", "logit_bias")
-    out = {}
-    for key, value in bias.items():
-        try:
-            token = int(key)
-        except (TypeError, ValueError):
-            raise FieldError(f"logit_bias key {key!r} is not a token id", "logit_bias") from None
-        out[token] = value
-    return out
-
-
-def _logprobs(body: dict, kind: str) -> int | None:
-    logprobs, top = body.get("logprobs"), body.get("top_logprobs")
-    if kind == "completion":  # the legacy field: an integer, how many alternatives
-        if logprobs is None:
-            return None
-        if not isinstance(logprobs, int) or isinstance(logprobs, bool) or not 0 <= logprobs <= 5:
-            raise FieldError("logprobs must be an integer from 0 to 5", "logprobs")
-        return logprobs
+def logprobs_flag(logprobs):
+    """Chat's ``logprobs``: whether to report them."""
     if logprobs not in (None, True, False):
-        raise FieldError("logprobs must be true or false", "logprobs")
+        raise invalid("must be true or false")
+    return logprobs
+
+
+def logprobs_number(logprobs):
+    """The legacy completions' ``logprobs``: an integer, how many alternatives."""
+    if logprobs is not None and (not isinstance(logprobs, int) or isinstance(logprobs, bool)
+                                 or not 0 <= logprobs <= 5):
+        raise invalid("must be an integer from 0 to 5")
+    return logprobs
+
+
+def top_logprobs(top, info):
+    """Chat's ``top_logprobs``: 0..20, with ``logprobs: true``."""
     if top is not None:
         if not isinstance(top, int) or isinstance(top, bool) or not 0 <= top <= MAX_TOP_LOGPROBS:
-            raise FieldError(f"top_logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS}",
-                             "top_logprobs")
-        if not logprobs:
-            raise FieldError("top_logprobs needs logprobs: true", "top_logprobs")
-    return (top or 0) if logprobs else None
+            raise invalid(f"must be an integer from 0 to {MAX_TOP_LOGPROBS}")
+        if not info.data.get("logprobs"):
+            raise invalid("needs logprobs: true")
+    return top
 
 
-def _prediction(body: dict) -> str | None:
-    prediction = body.get("prediction")
-    if prediction is None:
+def prediction(option) -> str | None:
+    """``{"type": "content", "content": text or text parts}``: the text."""
+    if option is None:
         return None
-    if not isinstance(prediction, dict) or prediction.get("type") != "content":
-        raise FieldError('prediction must be {"type": "content", "content": "..."}', "prediction")
-    content = prediction.get("content")
-    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
-                                         and isinstance(p.get("text"), str) for p in content):
-        content = "".join(p["text"] for p in content)
-    if not isinstance(content, str):
-        raise FieldError("prediction.content must be text (or text parts)", "prediction.content")
+    if not isinstance(option, dict) or option.get("type") != "content":
+        raise invalid('must be {"type": "content", "content": "..."}')
+    content = text_of(option.get("content"))
+    if content is None:
+        raise invalid("prediction.content must be text (or text parts)", "prediction.content")
     return content
 
 
-def _response_format(option) -> Grammar | None:
+def text_of(content) -> str | None:
+    """Text, or text parts (``[{"type": "text", "text": ...}]``) joined; None: neither."""
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                         and isinstance(p.get("text"), str) for p in content):
+        return "".join(p["text"] for p in content)
+    return content if isinstance(content, str) else None
+
+
+def logit_bias(bias, info) -> dict[int, float]:
+    """Token ids (as JSON keys: text) of the model's vocabulary to numbers from -100 to 100."""
+    if bias is None:
+        return {}
+    if not isinstance(bias, dict):
+        raise invalid("must map token ids to numbers from -100 to 100")
+    out = {}
+    for key, value in bias.items():
+        try:
+            out[int(key)] = value
+        except (TypeError, ValueError):
+            raise invalid(f"key {key!r} is not a token id") from None
+    Shaping(logit_bias=out)  # its own checks (ValueError: named by pydantic)
+    vocab = info.context["vocab_size"]
+    if bad := [t for t in out if t >= vocab]:
+        raise invalid(f"invalid logit_bias={bad[0]!r}: the model's token ids are 0..{vocab - 1}",
+                      "logit_bias")
+    return out
+
+
+def penalty(value, info) -> float:
+    """``presence_penalty`` or ``frequency_penalty``: -2..2."""
+    if value is None:
+        return 0.0
+    Shaping(**{info.field_name: value})  # its own checks (ValueError: named by pydantic)
+    return value
+
+
+def tools(tools) -> list[dict] | None:
+    """Functions, for the chat template."""
+    if tools is None:
+        return None
+    if not isinstance(tools, list) or not tools:
+        raise invalid("must be a non-empty list of functions")
+    for i, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(function, dict) \
+                or not isinstance(function.get("name"), str) or not function["name"]:
+            raise invalid(f'tools[{i}] must be {{"type": "function", "function": {{"name": ...}}}}',
+                          f"tools[{i}]")
+        if not isinstance(function.get("parameters", {}), dict):
+            raise invalid(f"tools[{i}].function.parameters must be a JSON schema object",
+                          f"tools[{i}].function.parameters")
+    return tools
+
+
+def tool_choice(choice, info) -> str | dict | None:
+    """``auto``, ``none``, ``required`` or a named function of ``tools``."""
+    tools = info.data.get("tools")
+    if not tools:
+        if choice not in (None, "none", "auto"):
+            raise invalid("needs tools")
+        return choice
+    names = [t["function"]["name"] for t in tools]
+    if isinstance(choice, dict):
+        function = choice.get("function") if choice.get("type") == "function" else None
+        if not isinstance(function, dict) or function.get("name") not in names:
+            raise invalid(f"names a function that is not in tools ({', '.join(names)})")
+    elif choice not in (None, "auto", "none", "required"):
+        raise invalid("must be auto, none, required or a named function")
+    return choice
+
+
+def response_format(option, info) -> Grammar | None:
+    """The grammar a reply must follow: ``response_format``'s, or the one ``tool_choice``
+    ``required`` or a named function asks for (not both)."""
+    grammars = [g for g in (_format_grammar(option),
+                            _tool_grammar(info.data.get("tools"), info.data.get("tool_choice")))
+                if g is not None]
+    if len(grammars) > 1:
+        raise invalid("response_format cannot be combined with tool_choice 'required' or a named "
+                      "function: use one", "response_format")
+    return grammars[0] if grammars else None
+
+
+def _format_grammar(option) -> Grammar | None:
     if option is None:
         return None
     kind = option.get("type") if isinstance(option, dict) else None
@@ -136,51 +170,19 @@ def _response_format(option) -> Grammar | None:
     if kind == "json_schema":
         spec = option.get("json_schema")
         if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
-            raise FieldError('response_format.json_schema must be {"name": ..., "schema": {...}}',
-                             "response_format.json_schema")
+            raise invalid('response_format.json_schema must be {"name": ..., "schema": {...}}',
+                          "response_format.json_schema")
         try:
             return Grammar.json_schema(spec.get("schema", {}), strict=bool(spec.get("strict")))
         except ValueError as exc:
-            raise FieldError(str(exc), "response_format.json_schema") from None
-    raise FieldError("response_format.type must be text, json_object or json_schema",
-                     "response_format.type")
-
-
-# -- tools ------------------------------------------------------------------------------
-
-
-def _tools(body: dict) -> tuple[list[dict] | None, str | dict]:
-    tools, choice = body.get("tools"), body.get("tool_choice")
-    if tools is None:
-        if choice not in (None, "none", "auto"):
-            raise FieldError("tool_choice needs tools", "tool_choice")
-        return None, "none"
-    if not isinstance(tools, list) or not tools:
-        raise FieldError("tools must be a non-empty list of functions", "tools")
-    for i, tool in enumerate(tools):
-        function = tool.get("function") if isinstance(tool, dict) else None
-        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(function, dict) \
-                or not isinstance(function.get("name"), str) or not function["name"]:
-            raise FieldError(f'tools[{i}] must be {{"type": "function", "function": {{"name": ...}}}}',
-                             f"tools[{i}]")
-        if not isinstance(function.get("parameters", {}), dict):
-            raise FieldError(f"tools[{i}].function.parameters must be a JSON schema object",
-                             f"tools[{i}].function.parameters")
-    names = [t["function"]["name"] for t in tools]
-    choice = "auto" if choice is None else choice
-    if isinstance(choice, dict):
-        name = (choice.get("function") or {}).get("name") if choice.get("type") == "function" else None
-        if name not in names:
-            raise FieldError(f"tool_choice names a function that is not in tools ({', '.join(names)})",
-                             "tool_choice")
-    elif choice not in ("auto", "none", "required"):
-        raise FieldError("tool_choice must be auto, none, required or a named function", "tool_choice")
-    return tools, choice
+            raise invalid(str(exc), "response_format.json_schema") from None
+    raise invalid("response_format.type must be text, json_object or json_schema",
+                  "response_format.type")
 
 
 def _tool_grammar(tools: list[dict] | None, choice) -> Grammar | None:
     """``required``: one or more calls of the listed functions; a named function: one call of it."""
-    if not tools or choice in ("auto", "none"):
+    if not tools or choice in (None, "auto", "none"):
         return None
     named = choice["function"]["name"] if isinstance(choice, dict) else None
     options = [{"type": "object", "properties": {
@@ -193,7 +195,7 @@ def _tool_grammar(tools: list[dict] | None, choice) -> Grammar | None:
     try:
         return Grammar.lark(f"start: call{repeat}\ncall: {call}")
     except ValueError as exc:
-        raise FieldError(f"a tool's parameters are not a usable JSON schema ({exc})", "tools") from None
+        raise invalid(f"a tool's parameters are not a usable JSON schema ({exc})", "tools") from None
 
 
 _CALL = re.compile(re.escape(CALL_OPEN) + r"\s*(.*?)\s*" + re.escape(CALL_CLOSE), re.S)

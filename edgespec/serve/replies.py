@@ -1,5 +1,6 @@
-"""How a generation's chunks become an OpenAI reply: server-sent events as they
-come, or one JSON body at the end; tool calls and log-probabilities in OpenAI's shapes."""
+"""How a generation's chunks become an OpenAI reply: events as they come (sent as
+server-sent events by :func:`edgespec.serve.http.events`), or one JSON body at the end;
+tool calls and log-probabilities in OpenAI's shapes."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ from typing import AsyncIterator, Callable
 
 from .openai_api import Request, chunk, response, usage_chunk
 from .openai_fields import chat_logprobs, completion_logprobs, may_be_call, split_tool_calls, tool_names
-from .http import sse
 
 
 def logprobs_of(request: Request, entries: list[dict] | None, token_bytes, offset: int = 0) -> dict | None:
@@ -19,15 +19,15 @@ def logprobs_of(request: Request, entries: list[dict] | None, token_bytes, offse
 
 
 async def stream_reply(request: Request, id: str, model: str, stream: AsyncIterator,
-                       token_bytes) -> AsyncIterator[str]:
-    """Server-sent events: a chunk per token, the finish, usage if asked, ``[DONE]``.
+                       token_bytes) -> AsyncIterator[dict | str]:
+    """The events: a chunk per token, the finish, usage if asked, ``[DONE]``.
     With tools, a reply's start that may be a tool call is held back; the calls go
     out as one delta before the finish."""
     names = tool_names(request.extras) if request.kind == "chat" else []
     held, holding, whole, sent = "", bool(names), [], 0
     try:
         if request.kind == "chat":
-            yield sse(chunk(request, id, model, "", first=True))
+            yield chunk(request, id, model, "", first=True)
         async for item in stream:
             whole.append(item.text)
             text = item.text
@@ -39,17 +39,17 @@ async def stream_reply(request: Request, id: str, model: str, stream: AsyncItera
                 calls = split_tool_calls("".join(whole), names)[1] if names else []
                 text += held if not calls else ""
                 if text:
-                    yield sse(chunk(request, id, model, text))
-                yield sse(chunk(request, id, model, None, reason=item.finish_reason, stats=item.stats,
-                                tool_calls=calls or None))
+                    yield chunk(request, id, model, text)
+                yield chunk(request, id, model, None, reason=item.finish_reason, stats=item.stats,
+                            tool_calls=calls or None)
                 if request.include_usage:
-                    yield sse(usage_chunk(request, id, model, item.stats))
-                yield "data: [DONE]\n\n"
+                    yield usage_chunk(request, id, model, item.stats)
+                yield "[DONE]"
                 return
             if text or item.logprobs:
-                yield sse(chunk(request, id, model, text, from_draft=item.from_draft,
-                                draft_kind=item.draft_kind,
-                                logprobs=logprobs_of(request, item.logprobs, token_bytes, sent)))
+                yield chunk(request, id, model, text, from_draft=item.from_draft,
+                            draft_kind=item.draft_kind,
+                            logprobs=logprobs_of(request, item.logprobs, token_bytes, sent))
                 sent += len(item.text)
     finally:
         await stream.aclose()  # a client gone: its generation's cancel is set here

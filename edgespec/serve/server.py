@@ -24,8 +24,8 @@ import threading
 from dataclasses import dataclass
 from typing import AsyncIterator
 
-from fastapi import FastAPI, Request as HttpRequest
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi import APIRouter, FastAPI
+from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from ..core.chat_template import template_has_tools
@@ -36,12 +36,13 @@ from ..core.engine import Engine
 from ..errors import EdgespecError
 from .metrics import Metrics, log, log_generation
 from .native_routes import add_native_routes
-from .openai_api import ApiError, Request, new_id, param_of, parse_request
+from .errors import ApiError
+from .openai_api import ChatBody, CompletionBody, Request, new_id
 from .openai_fields import template_messages
 from .page import add_page_routes
 from .replies import stream_reply, whole_reply
 from ..core.sampling import SamplingParams
-from .http import OPEN_PATHS, authorize, read_json, started, whole
+from .http import OPEN_PATHS, Whole, api_key, body, events, started
 
 DEFAULT_QUEUE = 8
 _END = object()
@@ -158,8 +159,7 @@ class Server:
                     put(exc)
                     return
                 except (EdgespecError, ValueError) as exc:  # a bad request (its prompt, mostly): 400
-                    put(ApiError(400, str(exc), param=param_of(exc) or
-                                 ("messages" if request.kind == "chat" else "prompt")))
+                    put(ApiError(400, str(exc), param="messages" if request.kind == "chat" else "prompt"))
                     return
                 except Exception as exc:  # noqa: BLE001 - a 500 for the request, not a dead worker
                     put(exc)
@@ -242,29 +242,27 @@ def create_app(engine: Engine, settings: ServerSettings, *, worker_thread: bool 
         return error_response(ApiError(500, f"internal error ({type(error).__name__}: {error})",
                                        type="server_error"))
 
-    async def complete(http_request: HttpRequest, kind: str):
-        authorize(settings.api_key, http_request)
-        request = parse_request(await read_json(http_request), kind, settings.defaults)
+    api = APIRouter(dependencies=[api_key(settings.api_key)])  # all but health and the page
+    vocab_size = engine.target.vocab.size
+
+    async def complete(request: Request):
         # Whatever model a request names, the one model serves it (as in llama-server).
-        model, id = settings.model_names[0], new_id(kind)
+        model, id = settings.model_names[0], new_id(request.kind)
         stream = await started(server.run(request))  # waits for a turn; errors become statuses
         if request.stream:
-            return StreamingResponse(stream_reply(request, id, model, stream, engine.target.token_bytes),
-                                     media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
-        return await whole(stream, http_request, whole_reply(request, id, model, engine.target.token_bytes))
+            return events(stream_reply(request, id, model, stream, engine.target.token_bytes))
+        return Whole(stream, whole_reply(request, id, model, engine.target.token_bytes))
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(http_request: HttpRequest):
-        return await complete(http_request, "chat")
+    @api.post("/v1/chat/completions")
+    async def chat_completions(chat: ChatBody = body(ChatBody, vocab_size=vocab_size)):
+        return await complete(chat.request(settings.defaults))
 
-    @app.post("/v1/completions")
-    async def completions(http_request: HttpRequest):
-        return await complete(http_request, "completion")
+    @api.post("/v1/completions")
+    async def completions(completion: CompletionBody = body(CompletionBody, vocab_size=vocab_size)):
+        return await complete(completion.request(settings.defaults))
 
-    @app.get("/v1/models")
-    async def models(http_request: HttpRequest):
-        authorize(settings.api_key, http_request)
+    @api.get("/v1/models")
+    async def models():
         return {"object": "list", "data": [{"id": settings.model_names[0], "object": "model",
                                             "created": 0, "owned_by": "edgespec",
                                             "meta": {"n_ctx": engine.n_ctx}}]}
@@ -276,7 +274,8 @@ def create_app(engine: Engine, settings: ServerSettings, *, worker_thread: bool 
         return {"status": "ok", "generating": bool(turns and turns.busy),
                 "waiting": turns.waiting if turns else 0}
 
-    add_native_routes(app, server)
+    add_native_routes(api, server)
+    app.include_router(api)
     add_page_routes(app)  # the chat page at / and its files under /assets/
     return app
 
