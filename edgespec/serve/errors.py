@@ -40,8 +40,10 @@ def bad_request(error: ValidationError) -> ApiError:
         message = str(first["ctx"]["error"])
     elif named:
         message = first["msg"]
+    elif first["type"] == "invalid":  # ours: "must be true or false", said of the field
+        message = f"{where} {first['msg']}"
     elif first["type"] == "model_type":
         message = f"{where or 'the request body'} must be a JSON object"
-    else:
+    else:  # pydantic's: "Input should be a valid boolean"
         message = f"{where}: {first['msg']}"
     return ApiError(400, message, param=named or where or None)

@@ -154,9 +154,9 @@ class _Shared(BaseModel):
     logit_bias: Annotated[dict[int, float], PlainValidator(fields.logit_bias)] = {}
     presence_penalty: Annotated[float, PlainValidator(fields.penalty)] = 0.0
     frequency_penalty: Annotated[float, PlainValidator(fields.penalty)] = 0.0
-    temperature: Sampling = None
-    top_p: Sampling = None
+    temperature: Sampling = None  # (in the order SamplingParams checks them)
     top_k: Sampling = None
+    top_p: Sampling = None
     min_p: Sampling = None
     seed: Sampling = None
     max_tokens: Annotated[StrictInt, Field(ge=1)] | None = Field(
@@ -164,7 +164,7 @@ class _Shared(BaseModel):
     stream: StrictBool = False
     stream_options: Annotated[dict, BeforeValidator(lambda options: options or {})] = {}
     model: StrictStr | None = None
-    speculative: Speculative = Speculative()
+    speculative: Speculative | None = None
     stop: Annotated[list[str], PlainValidator(_stop)] = []
 
     @model_validator(mode="after")
@@ -178,6 +178,15 @@ class _Shared(BaseModel):
                     raise invalid(f"{name} is not supported with predicted outputs", name)
         return self
 
+    @model_validator(mode="after")
+    def _in_vocabulary(self, info):
+        """The logit bias's token ids are the model's (checked last, as the engine did)."""
+        vocab = info.context["vocab_size"]
+        if bad := [t for t in self.logit_bias if t >= vocab]:
+            raise invalid(f"invalid logit_bias={bad[0]!r}: the model's token ids are 0..{vocab - 1}",
+                          "logit_bias")
+        return self
+
     def asked_logprobs(self) -> int | None:
         """How many alternatives each token's logprobs list; None: no logprobs."""
         return (self.top_logprobs or 0) if self.logprobs else None
@@ -189,12 +198,12 @@ class _Shared(BaseModel):
         extras = Extras(shaping if shaping.active else None, self.asked_logprobs(), self.tools,
                         (self.tool_choice or "auto") if self.tools else "none", self.prediction)
         sampling = {name: getattr(self, name) for name in SAMPLING if getattr(self, name) is not None}
-        chat = isinstance(self, ChatBody)
+        speculative, chat = self.speculative or Speculative(), isinstance(self, ChatBody)
         return Request("chat" if chat else "completion",
                        [m.plain() for m in self.messages] if chat else self.prompt,
                        defaults.with_(**sampling), self.max_tokens, self.stop, self.stream,
                        bool(self.stream_options.get("include_usage")), self.model,
-                       self.speculative.drafter, self.speculative.num_draft, extras)
+                       speculative.drafter, speculative.num_draft, extras)
 
 
 class ChatBody(_Shared, _Messages):
