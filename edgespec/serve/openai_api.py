@@ -21,7 +21,7 @@ from pydantic import (AfterValidator, AliasChoices, BaseModel, BeforeValidator, 
 from ..drafters.registry import REQUEST_CHOICES
 from . import openai_fields as fields
 from .errors import invalid
-from .openai_fields import Extras, split_tool_calls, tool_names
+from .openai_fields import MAX_TOP_LOGPROBS, Extras, split_tool_calls, tool_names
 from ..core.grammar import Grammar
 from ..core.sampling import SamplingParams
 from ..core.shaping import Shaping
@@ -106,7 +106,7 @@ class Message(BaseModel):
     """An OpenAI chat message: its role and text (text parts joined), an assistant's
     tool calls, a tool's reply's ``tool_call_id``."""
 
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    role: Literal[tuple(ROLES)]
     tool_calls: Annotated[list[dict] | None, PlainValidator(_tool_calls)] = None
     content: Annotated[str, PlainValidator(_content)] = Field(None, validate_default=True)
     tool_call_id: Any = None
@@ -144,8 +144,9 @@ class _Shared(BaseModel):
     model_config = ConfigDict(loc_by_alias=False, arbitrary_types_allowed=True)
 
     n: Literal[1] | None = 1
-    logprobs: Annotated[bool | None, PlainValidator(fields.logprobs_flag)] = None
-    top_logprobs: Annotated[int | None, PlainValidator(fields.top_logprobs)] = None
+    logprobs: Literal[True, False] | None = None  # (1 and 0 too)
+    top_logprobs: Annotated[Annotated[StrictInt, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None,
+                            AfterValidator(fields.needs_logprobs)] = None
     prediction: Annotated[str | None, PlainValidator(fields.prediction)] = None
     tools: Annotated[list[dict] | None, PlainValidator(fields.tools)] = None
     tool_choice: Annotated[str | dict | None, PlainValidator(fields.tool_choice)] = None
@@ -213,7 +214,7 @@ class ChatBody(_Shared, _Messages):
 class CompletionBody(_Shared, _Prompt):
     """A ``POST /v1/completions`` body: a prompt, and the legacy ``logprobs`` (an integer)."""
 
-    logprobs: Annotated[int | None, PlainValidator(fields.logprobs_number)] = None
+    logprobs: Annotated[StrictInt, Field(ge=0, le=5)] | None = None
     top_logprobs: Any = None  # (not the legacy API's)
 
     def asked_logprobs(self) -> int | None:

@@ -39,28 +39,10 @@ class Extras:
 # -- the fields' validators (pydantic's, in openai_api's request models) ---------------------
 
 
-def logprobs_flag(logprobs):
-    """Chat's ``logprobs``: whether to report them."""
-    if logprobs not in (None, True, False):
-        raise invalid("must be true or false")
-    return logprobs
-
-
-def logprobs_number(logprobs):
-    """The legacy completions' ``logprobs``: an integer, how many alternatives."""
-    if logprobs is not None and (not isinstance(logprobs, int) or isinstance(logprobs, bool)
-                                 or not 0 <= logprobs <= 5):
-        raise invalid("must be an integer from 0 to 5")
-    return logprobs
-
-
-def top_logprobs(top, info):
-    """Chat's ``top_logprobs``: 0..20, with ``logprobs: true``."""
-    if top is not None:
-        if not isinstance(top, int) or isinstance(top, bool) or not 0 <= top <= MAX_TOP_LOGPROBS:
-            raise invalid(f"must be an integer from 0 to {MAX_TOP_LOGPROBS}")
-        if not info.data.get("logprobs"):
-            raise invalid("needs logprobs: true")
+def needs_logprobs(top, info):
+    """Chat's ``top_logprobs`` is only read with ``logprobs: true``."""
+    if top is not None and not info.data.get("logprobs"):
+        raise invalid("needs logprobs: true")
     return top
 
 
