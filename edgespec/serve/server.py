@@ -158,7 +158,7 @@ class Server:
                 except ApiError as exc:
                     put(exc)
                     return
-                except (EdgespecError, ValueError) as exc:  # a bad request (its prompt, mostly): 400
+                except (EdgespecError, ValueError) as exc:  # its prompt (too long, say): a 400
                     put(ApiError(400, str(exc), param="messages" if request.kind == "chat" else "prompt"))
                     return
                 except Exception as exc:  # noqa: BLE001 - a 500 for the request, not a dead worker
