@@ -195,3 +195,15 @@ def test_the_documents_the_readme_and_the_code_point_at_exist():
         links += re.findall(r"\b(docs/[a-z-]+\.md)", source.read_text())
     missing = sorted({link for link in links if not (ROOT / link).exists()})
     assert not missing, missing
+
+
+def test_the_design_document_shows_the_import_graph_of_the_code():
+    """docs/design.md's picture of the layers is the one scripts/import_graph.py draws
+    from the code now (regenerate it with that script after moving an import)."""
+    import sys
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from import_graph import mermaid
+    finally:
+        sys.path.pop(0)
+    assert f"```mermaid\n{mermaid()}\n```" in (ROOT / "docs" / "design.md").read_text()
