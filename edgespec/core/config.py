@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 @dataclass(frozen=True)
 class PlannerConfig:
     """The tunables of auto mode (tuned on the built-in tuning prompt sets with
-    ``scripts/policy_sim.py``, then measured with ``edgespec bench``; docs/auto-mode.md)."""
+    ``scripts/planner_sim.py``, then measured with ``edgespec bench``; docs/auto-mode.md)."""
 
     max_draft: int = 64           # the longest draft auto mode proposes
     draft_p_min: float = 0.7      # a draft model stops below this top probability ...

@@ -28,10 +28,10 @@ It is a model of the engine, not a benchmark: quote ``edgespec bench`` for speed
 Tune on the tuning sets (code, edit, chat) only; the validation sets are not
 for tuning.
 
-    python scripts/policy_sim.py record --sets edit,edit-chain,code,chat --out traces.json
-    python scripts/policy_sim.py simulate traces.json
-    python scripts/policy_sim.py simulate traces.json --set optimism=0.5 --set min_gain=1.02
-    python scripts/policy_sim.py simulate traces.json --noise 0.1 --repeats 16
+    python scripts/planner_sim.py record --sets edit,edit-chain,code,chat --out traces.json
+    python scripts/planner_sim.py simulate traces.json
+    python scripts/planner_sim.py simulate traces.json --set optimism=0.5 --set min_gain=1.02
+    python scripts/planner_sim.py simulate traces.json --noise 0.1 --repeats 16
 """
 
 from __future__ import annotations
