@@ -265,6 +265,7 @@ def test_device_and_host_verdicts_agree_where_no_draw_decides(invariant):
     draft's q, with k + 1 rows or k (the last draft an id the target lacks)."""
     import mlx.core as mx
 
+    from edgespec import logits_to_probs
     from edgespec.backends.mlx_ops import verify_on_device
     from edgespec.core.acceptance import verify_round
     from edgespec.core.coupling import Coupling
@@ -274,12 +275,12 @@ def test_device_and_host_verdicts_agree_where_no_draw_decides(invariant):
     for trial in range(40):
         k = int(rng.integers(0, 5))
         logits = rng.normal(0, 2.0, (k + 1, vocab)).astype(np.float32)
-        drafts = [int(np.argmax(logits[i])) if rng.random() < 0.7 else int(rng.integers(vocab))
-                  for i in range(k)]
+        coupling = Coupling(int(rng.integers(1 << 30)))
+        own = coupling.picks(logits_to_probs(logits, params), trial) if invariant else logits.argmax(-1)
+        drafts = [int(own[i]) if rng.random() < 0.8 else int(rng.integers(vocab)) for i in range(k)]
         if k and trial % 3 == 0:  # the last draft outside the target's vocabulary: k rows
             drafts[-1], logits = vocab + 1, logits[:k]
         q = None if trial % 2 else rng.dirichlet(np.ones(vocab + 2), k).astype(np.float32)
-        coupling = Coupling(int(rng.integers(1 << 30)))
         host, host_top = verify_round(logits, drafts, q, params, coupling, position=trial)
         device, device_top = verify_on_device(mx.array(logits), drafts, q, params, coupling,
                                               position=trial)
@@ -305,7 +306,9 @@ def test_device_and_host_rules_give_one_distribution(with_q):
     samples = 3000
     for side, verify, rows in (("device", verify_on_device, mx.array(logits)), ("host", verify_round, logits)):
         rng = np.random.default_rng(8)
-        counts = Counter(verify(rows, [0], q, params, rng)[0].token_ids[0] for _ in range(samples))
+        # A draft model's draft is drawn from its q; a deterministic drafter's is any token.
+        drafts = rng.choice(5, samples, p=q[0]) if with_q else np.zeros(samples, int)
+        counts = Counter(verify(rows, [int(x)], q, params, rng)[0].token_ids[0] for x in drafts)
         expected = {(t,): float(p) for t, p in enumerate(p0)}
         assert chi_square_pvalue(Counter({(t,): c for t, c in counts.items()}), expected) > SIGNIFICANCE, \
             (side, counts)
