@@ -8,31 +8,28 @@ For draft tokens x1..xk (Leviathan et al. 2023; Chen et al. 2023):
 2. at the first rejection, sample the replacement from norm(max(0, p_i - q_i));
 3. if all k are accepted, sample a bonus token from p_{k+1}.
 
-A deterministic drafter (prompt lookup, the suffix drafter) reports
-``draft_probs=None``: q is one-hot on the proposed token. Then the rule above
-is the same as sampling the target's own token t_i from p_i and accepting xi
-when t_i == xi (probability p_i(xi)); at the first t_i != xi, t_i is the
-replacement (p_i given "not xi": exactly the residual). That is how it is done
-here (and in llama.cpp): every committed token is then drawn exactly as plain
-sampling draws it, one uniform number each, in order, so with the same seed
-such a drafter reproduces plain sampling's tokens (up to the rounding of a
-batched pass against a one-token pass). Either way, the tokens that come out
-are distributed exactly as sampling from the target alone.
-
-Every kind of round ends the same way (:func:`keep_while_equal`): row i of the
-target gives its own token t_i, the drafts are kept while t_i == x_i, and the
-first t_i that differs (t_k after all k drafts) is committed. t_i is:
+Every kind of round is decided the same way (:func:`keep_while_equal`): row i
+of the target gives its own token t_i, the drafts are kept while t_i == x_i,
+and the first t_i that differs (t_k after all k drafts) is committed. t_i is:
 
 - at temperature 0, the argmax of p_i;
 - with a :class:`~edgespec.core.coupling.Coupling` (seed-invariant sampling), the
   race's winner under p_i;
-- for a deterministic drafter, a sample of p_i;
-- for a draft model, x_i if u_i · q_i(x_i) < p_i(x_i) (:func:`accepts`), else a sample
-  of the residual (:func:`~edgespec.core.sampling.residual`); t_k a sample of p_k.
+- for a deterministic drafter (prompt lookup, the suffix drafter:
+  ``draft_probs=None``, q one-hot), a sample of p_i. That is rule 1 and 2 for a
+  one-hot q (t_i == x_i with probability p_i(x_i); otherwise t_i is drawn from
+  p_i given "not x_i": the residual), as llama.cpp does it: every committed
+  token is drawn as plain sampling draws it, so with one seed such a drafter
+  reproduces plain sampling's tokens (up to the rounding of a batched pass
+  against a one-token pass);
+- for a draft model, x_i if u_i · q_i(x_i) < p_i(x_i) (:func:`accepts`), else a
+  sample of the residual (:func:`~edgespec.core.sampling.residual`, which is 0
+  at x_i then); t_k a sample of p_k.
 
-The t_i are computed in one of two orders, from the same pieces (these
+The tokens that come out are distributed exactly as sampling from the target
+alone. The t_i are computed in one of two orders, from the same pieces (these
 functions, :func:`~edgespec.core.sampling.logits_to_probs`,
-:func:`~edgespec.core.coupling.race_rows`), as numpy or MLX array code
+:func:`~edgespec.core.coupling.race_rows`), as array code for numpy or MLX
 (:mod:`edgespec.core.arrays`): on the host row by row, stopping at the first
 t_i != x_i (:func:`rejection_sample`: a row over 150k ids is the host's cost per
 token, and the rows after a rejection are never computed); on a device every

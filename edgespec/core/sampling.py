@@ -269,7 +269,8 @@ class ProbRows:
         # In a buffer of its own: q belongs to the drafter, the weights may be read again.
         out = None if self._buffer is None else self._buffer[-1]
         # max(0, p - q) / q_scale: the same draw, with no pass to scale q.
-        remaining = residual(np.multiply(weights, np.float32(scale / q_scale), out=out), q, out=out)
+        scaled = np.multiply(weights, np.float32(scale / q_scale), out=out)
+        remaining = residual(scaled, q, out=scaled)
         blocks = block_sums(remaining)
         return sample_from(remaining, rng, blocks) if blocks.sum() > 0 else self.sample(index, rng)
 
