@@ -59,16 +59,26 @@ def position_keys(seed: int, position: int) -> tuple[int, int]:
 
 
 @functools.cache
-def _constants(xp):
-    return uint64s(xp, MIX)
+def _constants(xp) -> tuple:
+    return tuple(uint64s(xp, MIX))
+
+
+@functools.cache
+def _counters(xp, count: int):
+    return xp.arange(count, dtype=xp.uint64)
 
 
 def noise(keys, ids):
     """Exp(1) noise of ``ids`` under ``keys`` (uint64 arrays of one namespace,
     broadcast against each other), in :func:`~edgespec.core.arrays.wide` floats."""
     xp = namespace(keys, ids)
-    c0, c1, c2 = _constants(xp)
-    x = keys + ids + c0
+    return _noise(xp, keys + _constants(xp)[0], ids)
+
+
+def _noise(xp, salted_keys, ids):
+    """:func:`noise`, with splitmix64's first step (adding ``MIX[0]``) already in the keys."""
+    _, c1, c2 = _constants(xp)
+    x = salted_keys + ids
     x = (x ^ (x >> 30)) * c1
     x = (x ^ (x >> 27)) * c2
     x = x ^ (x >> 31)
@@ -100,22 +110,24 @@ def race_rows(weights, blocks, seed: int, position: int):
     rows, vocab = weights.shape
     if blocks is None:
         blocks = block_sums(weights)
-    id_keys, block_keys = (uint64s(xp, column)[:, None] for column in
-                           zip(*(position_keys(seed, position + i) for i in range(rows))))
-    block = xp.argmax(blocks / noise(block_keys, xp.arange(blocks.shape[-1], dtype=xp.uint64)), axis=-1)
+    salted = uint64s(xp, [[(key + MIX[0]) & _MASK for key in position_keys(seed, position + i)]
+                          for i in range(rows)])  # [n, 2]: each row's keys, for its ids and blocks
+    block = xp.argmax(blocks / _noise(xp, salted[:, 1:], _counters(xp, blocks.shape[-1])), axis=-1)
     first = block * BLOCK  # [n]: the first id of each row's winning block
-    ids = first.astype(xp.uint64)[:, None] + xp.arange(BLOCK, dtype=xp.uint64)  # [n, BLOCK]
-    return first + xp.argmax(_block_weights(weights, first) / noise(id_keys, ids), axis=-1)
+    ids = first.astype(xp.uint64)[:, None] + _counters(xp, BLOCK)  # [n, BLOCK]
+    return first + xp.argmax(_block_weights(xp, weights, first) / _noise(xp, salted[:, :1], ids), axis=-1)
 
 
-def _block_weights(weights, first):
+def _block_weights(xp, weights, first):
     """The :data:`BLOCK` weights of each row of ``weights`` from id ``first[row]`` on
     (0 past the vocabulary, which cannot win: the block holds a positive weight)."""
-    xp = namespace(weights)
     vocab = weights.shape[-1]
     if xp is np:  # slices: on the host a gather's indexing costs more than the race
-        out = np.zeros((len(first), BLOCK), weights.dtype)
-        for row, start in enumerate(first.tolist()):
+        starts = first.tolist()
+        if len(starts) == 1 and starts[0] + BLOCK <= vocab:
+            return weights[:, starts[0]:starts[0] + BLOCK]
+        out = np.zeros((len(starts), BLOCK), weights.dtype)
+        for row, start in enumerate(starts):
             block = weights[row, start:start + BLOCK]
             out[row, :len(block)] = block
         return out
