@@ -1,6 +1,6 @@
 """Trace auto mode round by round on one real generation: what it chose, and why.
 
-``policy_sim.py`` replays the planner on recorded traces with the calibration's
+``planner_sim.py`` replays the planner on recorded traces with the calibration's
 costs; this runs the real engine, set up as ``edgespec chat`` sets it up, and prints
 after each round what was drafted and accepted and what the planner believed when it
 made its next decision: each draft model's expected speed in step with the text and

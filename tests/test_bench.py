@@ -11,7 +11,7 @@ import gguf
 import pytest
 
 from edgespec.measure.bench import BenchConfig, recommend, run_bench, write_csv, write_json, write_plot
-from edgespec.planner.costs import CALIBRATION_SIZES
+from edgespec.core.config import DEFAULT_CONFIG
 from edgespec.models.loading import BackendOptions
 from edgespec.models.quantize import quantize_gguf
 from ggufs import perturbed, tiny_llama_weights, write_tiny_llama_gguf
@@ -144,7 +144,7 @@ def test_sweep_on_tiny_models_and_its_json_schema(text_models, tmp_path):
     assert set(data["costs"]) == {"v", "c", "target_step_seconds"}
     # v(n) is measured for n = 1, every fixed k's pass, and each size auto mode's cached
     # calibration holds: auto mode starts here from the prior it has in `edgespec generate`.
-    assert set(data["costs"]["v"]) >= {"1", "2", "4"} | {str(n) for n in CALIBRATION_SIZES}
+    assert set(data["costs"]["v"]) >= {"1", "2", "4"} | {str(n) for n in DEFAULT_CONFIG.calibration_sizes}
     assert data["costs"]["v"]["1"] == pytest.approx(1.0) and set(data["costs"]["c"]) == {model}
     row_keys = {"mode", "drafter", "num_draft", "temperature", "sampling", "prompt_set", "runs", "acceptance_rate",
                 "mean_accepted_length", "acceptance_per_position", "tokens_per_second",

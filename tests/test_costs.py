@@ -7,7 +7,10 @@ import pytest
 from edgespec.backends.toy import SimClock, ToyBackend
 from edgespec.core.cache import CachedModel
 from edgespec.planner.calibration import calibrate, load_calibration, prior_for, save_calibration
-from edgespec.planner.costs import TRUSTED_SAMPLES, CostModel
+from edgespec.core.config import DEFAULT_CONFIG
+from edgespec.planner.costs import CostModel
+
+TRUSTED_SAMPLES = DEFAULT_CONFIG.trusted_samples
 
 
 def feed(cost: CostModel, seconds_by_size: dict[int, float], times: int = 5) -> None:

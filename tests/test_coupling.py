@@ -17,6 +17,7 @@ from edgespec.backends.llamacpp import LlamaCppBackend
 from edgespec.backends.toy import ToyBackend
 from edgespec.core.coupling import Coupling, race
 from edgespec.drafters.suffix import SuffixDrafter
+from edgespec.planner import AutoPlanners
 from edgespec.models.loading import BackendOptions, load_backend
 from edgespec.core.sampling import block_sums
 from edgespec.measure.selfcheck import chi_square_sf, race_gap, run_checks
@@ -104,7 +105,8 @@ def test_one_seed_gives_one_text_with_any_drafter_on_the_toy():
     texts = [Engine(target).generate(PROMPT, params, max_tokens=80, speculative=False).token_ids]
     for drafter, k in ((DraftModel(draft), 2), (DraftModel(draft), 4), (PromptLookup(min_ngram=1), 4),
                        (SuffixDrafter(min_ngram=1), 3), (DraftModel(draft), "auto")):
-        g = Engine(target, drafter, num_draft=k).generate(PROMPT, params, max_tokens=80)
+        g = Engine(target, drafter, num_draft=k, planners=AutoPlanners()).generate(
+            PROMPT, params, max_tokens=80)
         texts.append(g.token_ids)
     assert all(text == texts[0] for text in texts)
     # ... and another seed, another text.
@@ -149,7 +151,7 @@ def one_text_on_smollm2(target, draft):
     from edgespec.core.prompting import chat_prompt_ids
     params = SamplingParams(temperature=0.7, seed=7, invariant=True)
     prompt = chat_prompt_ids(target, [{"role": "user", "content": "Write a haiku about rivers."}])
-    engine = Engine(target)
+    engine = Engine(target, planners=AutoPlanners())
     texts = [engine.generate(prompt, params, max_tokens=24, speculative=False).token_ids]
     for drafter, k in ((draft, 2), (draft, 4), (PromptLookup(), 4), (SuffixDrafter(), 4), (draft, "auto")):
         engine.configure(drafter, k)
@@ -183,7 +185,7 @@ def test_one_seed_gives_one_text_on_mlx_with_any_drafter(tiny_gguf_pair, tmp_pat
     draft = DraftModel(load_backend(str(tiny_gguf_pair[1]), options))
     params = SamplingParams(temperature=1.0, seed=11)
     prompt = [1, 4, 5, 6, 4, 5]
-    engine = Engine(target)
+    engine = Engine(target, planners=AutoPlanners())
     texts = [engine.generate(prompt, params, max_tokens=40, speculative=False).token_ids]
     for drafter, k in ((draft, 2), (draft, 4), (PromptLookup(min_ngram=1), 4),
                        (SuffixDrafter(min_ngram=1), 3), (draft, "auto")):

@@ -5,26 +5,15 @@ name table; no probing of backends; and the documents the code points at exist."
 
 import ast
 import re
+import sys
 from pathlib import Path
 
 from edgespec.drafters.registry import BUILTIN, MODEL
 
 ROOT = Path(__file__).parent.parent
 PACKAGE = ROOT / "edgespec"
-
-
-def modules() -> dict[str, Path]:
-    """Every module of edgespec by dotted name ("" for the package itself)."""
-    found = {}
-    for path in PACKAGE.rglob("*.py"):
-        name = ".".join(path.relative_to(PACKAGE).with_suffix("").parts)
-        found[name.removesuffix("__init__").rstrip(".")] = path
-    return found
-
-
-def unit(name: str) -> str:
-    """The layer a module belongs to: its package directly under edgespec/, or itself."""
-    return name.split(".")[0]
+sys.path.insert(0, str(ROOT / "scripts"))
+from import_graph import imports, mermaid, modules, unit  # noqa: E402  (the code's import graph)
 
 
 def may_import(name: str, path: Path) -> set[str]:
@@ -34,29 +23,6 @@ def may_import(name: str, path: Path) -> set[str]:
     assert found, f"{path.relative_to(ROOT)} says nothing of what it may import"
     listed = found.group(1).strip()
     return set() if listed.startswith("nothing") else {u.strip() for u in listed.split(",")}
-
-
-def imports(name: str, path: Path, known: set[str]) -> set[str]:
-    """The edgespec modules ``name`` imports, at any depth of its code."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom):
-            if node.level:
-                parts = package.split(".") if package else []
-                base = parts[:len(parts) - node.level + 1]
-                target = ".".join(base + ([node.module] if node.module else []))
-            elif (node.module or "").startswith("edgespec"):
-                target = node.module.removeprefix("edgespec").lstrip(".")
-            else:
-                continue
-            for alias in node.names:
-                candidate = f"{target}.{alias.name}".lstrip(".")
-                found.add(candidate if candidate in known else target)
-        elif isinstance(node, ast.Import):
-            found |= {a.name.removeprefix("edgespec").lstrip(".") for a in node.names
-                      if a.name.startswith("edgespec")}
-    return found - {name}
 
 
 def units() -> dict[str, set[str]]:
@@ -195,3 +161,9 @@ def test_the_documents_the_readme_and_the_code_point_at_exist():
         links += re.findall(r"\b(docs/[a-z-]+\.md)", source.read_text())
     missing = sorted({link for link in links if not (ROOT / link).exists()})
     assert not missing, missing
+
+
+def test_the_design_document_shows_the_import_graph_of_the_code():
+    """docs/design.md's picture of the layers is the one scripts/import_graph.py draws
+    from the code now (regenerate it with that script after moving an import)."""
+    assert f"```mermaid\n{mermaid()}\n```" in (ROOT / "docs" / "design.md").read_text()

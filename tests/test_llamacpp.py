@@ -85,7 +85,7 @@ class PinnedCosts(CostModel):
     rest on the text alone. On measured costs they rest on the CPU too: a 135M model's
     passes cost nearly n steps there, and on CI's machine a rejected first probe kept
     auto mode off for a whole answer, so the test asserted nothing about auto's output.
-    Whether auto mode decides well from measured costs is test_policy's job."""
+    Whether auto mode decides well from measured costs is test_planner's job."""
 
     def v(self, n: int) -> float:
         return 1.0 + 0.1 * (max(n, 1) - 1)

@@ -10,7 +10,10 @@ import pytest
 
 from edgespec import Engine, PromptLookup, SamplingParams
 from edgespec.backends.toy import SimClock, ToyBackend
-from edgespec.planner.costs import LONG_SIZES, CostModel
+from edgespec.core.config import DEFAULT_CONFIG
+from edgespec.planner.costs import CostModel
+
+LONG_SIZES = DEFAULT_CONFIG.long_sizes
 from edgespec.drafters.copying import CopyIndex, match_bucket
 from edgespec.drafters.suffix import SuffixDrafter
 from edgespec.planner import AdaptivePlanner, AutoPlanners, PlannerConfig

@@ -144,6 +144,23 @@ def test_per_request_speculation(served):
                                        extra_body={"speculative": {"drafter": "model"}})
 
 
+def test_a_request_never_reconfigures_the_shared_engine(served, engine):
+    """A request's drafter and k are arguments of its generation: the engine's own
+    drafter, k and planner are what they were after requests that asked for others."""
+    before = (engine.drafter, engine.num_draft, engine.planner)
+    client = served.client()
+    for speculative in ({"drafter": "off"}, {"drafter": "suffix", "num_draft": "auto"},
+                        {"drafter": "lookup", "num_draft": 2}):
+        reply = client.chat.completions.create(model=served.settings.model_names[0], messages=HELLO,
+                                               temperature=0, max_tokens=8,
+                                               extra_body={"speculative": speculative})
+        assert reply.choices[0].message.content
+        assert (engine.drafter, engine.num_draft, engine.planner) == before
+    default = client.chat.completions.create(model=served.settings.model_names[0], messages=HELLO,
+                                             temperature=0, max_tokens=8)
+    assert default.model_extra["timings"]["drafter"] == engine.planner.name
+
+
 def test_the_second_turn_evaluates_only_its_new_tokens(served, engine):
     client = served.client()
     messages = [{"role": "user", "content": "Name three fruits."}]

@@ -165,7 +165,7 @@ def cmd_bench(args) -> int:
 # -- models --------------------------------------------------------------------------
 
 
-def cmd_verify(args) -> int:
+def cmd_selfcheck(args) -> int:
     """``edgespec verify``: the PASS/FAIL table of :mod:`edgespec.measure.selfcheck`; exit 1 on a FAIL."""
     from ..drafters import DraftModel
     from ..models.catalog import defaults
@@ -278,7 +278,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--samples", type=int, default=10_000,
                    help="verifier rounds per recorded row and temperature (default 10000)")
     p.add_argument("--json", type=Path, default=None, help="write every figure as JSON")
-    p.set_defaults(func=cmd_verify)
+    p.set_defaults(func=cmd_selfcheck)
 
     p = commands.add_parser("serve", help="an OpenAI-compatible local server (and a chat page at /)")
     add_model_options(p)

@@ -8,6 +8,8 @@
   model), :mod:`.draft` (``Draft``, ``Drafter``), :mod:`.planner` (``Planner``,
   ``Planners``, ``FixedPlanner``, one round's drafting);
 - the state: :mod:`.cache` (a KV cache as the token ids it holds), :mod:`.stats`;
+- :mod:`.config`: ``PlannerConfig``, the tunables of auto mode (the planner, its cost
+  model and the copying drafters), read by the drafters and the planner above;
 - text: :mod:`.chat_template`, :mod:`.prompting`, :mod:`.detokenize`;
 - the loop: :mod:`.engine` and :mod:`.generation` (a generation's chunks and result).
 

@@ -111,8 +111,12 @@ class Engine:
         drafter whose vocabulary the target cannot take is refused here)."""
         self._check_open()
         check_num_draft(num_draft)
+        if self._busy.locked():  # (a new planner may time passes through the target's cache)
+            raise EdgespecError("this engine is already generating: wait for the running "
+                                "generation to finish or cancel it first")
         self._attach(drafter)
-        return self.planners.planner(drafter, num_draft, target=self.target_cache, clock=self._clock)
+        with self._models:
+            return self.planners.planner(drafter, num_draft, target=self.target_cache, clock=self._clock)
 
     def _attach(self, drafter: Drafter | None) -> None:
         """Check ``drafter`` against the target once (a draft model's vocabulary)."""

@@ -1,4 +1,4 @@
-"""The planning interface: the engine asks, a planner decides, a drafter proposes.
+"""The planner interface: the engine asks, a planner decides, a drafter proposes.
 
 Each round the engine calls :func:`draft_round`: it asks the planner for a
 :class:`Proposal` (a drafter, how many tokens it may draft, and for a draft model

@@ -27,11 +27,13 @@ from __future__ import annotations
 
 from typing import Callable, Hashable, Sequence
 
-# Classes of how long a copy has held (tokens, its backward match included), and the
-# chance that it breaks at the next token in each, before this text says otherwise:
-# measured on the `client` tuning requests (whole files and search/replace edits back).
+from ..core.config import DEFAULT_CONFIG
+
+# Classes of how long a copy has held (tokens, its backward match included); the chance
+# that it breaks at the next token in each, before this text says otherwise, is the
+# config's ``run_priors``, measured on the `client` tuning requests (whole files and
+# search/replace edits back).
 RUN_CLASSES = (2, 4, 8, 16, 32, 64, 128, 256, 512)
-RUN_PRIORS = (0.36, 0.17, 0.10, 0.03, 0.02, 0.006, 0.005, 0.003, 0.002)
 LINE_FEATURES = ("line", "after")  # the features that name a kind of line
 
 
@@ -39,7 +41,7 @@ class BreakModel:
     """The chance of a copy breaking at a token, from how long it has held and what
     the source holds there, learned as the text is committed."""
 
-    def __init__(self, priors: Sequence[float] = RUN_PRIORS, *, weight: float = 30.0,
+    def __init__(self, priors: Sequence[float] = DEFAULT_CONFIG.run_priors, *, weight: float = 30.0,
                  most: float = 0.95):
         if len(priors) != len(RUN_CLASSES):
             raise ValueError(f"need one prior per run class {RUN_CLASSES}")

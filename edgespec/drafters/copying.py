@@ -40,10 +40,9 @@ import bisect
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from ..core.config import DEFAULT_CONFIG, PlannerConfig
 from .breaks import BreakModel, SourceLines
 
-RESUME_WINDOW = 256  # how far past a break a copy may pick up again
-RESUME_AFTER = 8     # a copy that held this long in this text is picked up after a break
 
 
 @dataclass
@@ -73,12 +72,14 @@ class CopyIndex:
     """The n-gram index of a growing context, and the copies it offers."""
 
     def __init__(self, *, min_ngram: int = 2, max_ngram: int = 8, max_match: int = 64,
-                 token_bytes: Callable[[int], bytes] | None = None):
+                 token_bytes: Callable[[int], bytes] | None = None,
+                 config: PlannerConfig = DEFAULT_CONFIG):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         if max_match < max_ngram:
             raise ValueError(f"need max_match >= max_ngram, got {max_match} < {max_ngram}")
         self.min_ngram, self.max_ngram, self.max_match = min_ngram, max_ngram, max_match
+        self.config = config  # resume_window, resume_after, run_priors
         self.lines = SourceLines(token_bytes)
         self.reset()
 
@@ -99,7 +100,7 @@ class CopyIndex:
         self.failed: dict[tuple[int, ...], tuple[int, int]] = {}
         self._last: _Followed | None = None  # the copy offered last
         self.resume_at: int | None = None  # the source position where the last copy broke
-        self.breaks = BreakModel()
+        self.breaks = BreakModel(self.config.run_priors)
         self.lines.reset()
 
     def follow(self, context: Sequence[int]) -> None:
@@ -133,7 +134,7 @@ class CopyIndex:
             self.breaks.observe(last.run + i - last.at, self._features(position, i), broke)
             if broke:
                 self.failed[last.key] = (i - last.at, tokens[position])
-                if last.held + i - last.at >= RESUME_AFTER:  # a copy in progress broke, not a guess
+                if last.held + i - last.at >= self.config.resume_after:  # a copy in progress broke, not a guess
                     self.resume_at = position
                 self._last = None
                 return
@@ -214,7 +215,7 @@ class CopyIndex:
     def _resume_source(self) -> int | None:
         """Where the copy that broke last goes on, if the context's end matches the source
         just past the break: the nearest such occurrence of the longest suffix (of at least
-        ``min_ngram`` tokens), within RESUME_WINDOW tokens after the break."""
+        ``min_ngram`` tokens), within the config's ``resume_window`` tokens after the break."""
         if self.resume_at is None:
             return None
         tokens, length, start = self.tokens, len(self.tokens), self.resume_at
@@ -224,7 +225,7 @@ class CopyIndex:
             ends = self._index[n].get(tuple(tokens[length - n:]))
             if ends:
                 i = bisect.bisect_left(ends, start)
-                if i < len(ends) and ends[i] <= start + RESUME_WINDOW and ends[i] < length - n:
+                if i < len(ends) and ends[i] <= start + self.config.resume_window and ends[i] < length - n:
                     return ends[i]
         return None
 

@@ -21,11 +21,10 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Sequence
 
+from ..core.config import DEFAULT_CONFIG, PlannerConfig
 from ..core.draft import COPY, Draft, DrafterBase
 from .copying import match_bucket
 
-LONGEST_MATCH = 16  # reply tokens compared when looking for the place again
-NEAR = 64           # a one-token match counts only this close to the old place
 
 
 class PredictedOutput(DrafterBase):
@@ -34,7 +33,8 @@ class PredictedOutput(DrafterBase):
     name = "prediction"
     kind = COPY
 
-    def __init__(self, prediction: Sequence[int] = ()):
+    def __init__(self, prediction: Sequence[int] = (), *, config: PlannerConfig = DEFAULT_CONFIG):
+        self.config = config  # prediction_longest_match, prediction_near
         self.expect(prediction)
 
     def expect(self, prediction: Sequence[int]) -> None:
@@ -93,7 +93,7 @@ class PredictedOutput(DrafterBase):
             else:
                 self._run = 0
                 self._missed += 1
-                self._find(list(context[start + max(0, i + 1 - LONGEST_MATCH):start + i + 1]))
+                self._find(list(context[start + max(0, i + 1 - self.config.prediction_longest_match):start + i + 1]))
         self._read = length
 
     def _find(self, tail: list[int]) -> None:
@@ -106,7 +106,7 @@ class PredictedOutput(DrafterBase):
                     and self.prediction[end_token - length] == tail[-1 - length]:
                 length += 1
             end = end_token + 1
-            if length == 1 and abs(end - self._place) > NEAR:
+            if length == 1 and abs(end - self._place) > self.config.prediction_near:
                 continue  # one common token far away says nothing about the place
             key = (length, -abs(end - self._place), end)
             if best is None or key > best:

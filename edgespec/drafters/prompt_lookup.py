@@ -18,6 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..core.config import DEFAULT_CONFIG, PlannerConfig
 from ..core.sampling import SamplingParams
 from ..core.draft import COPY, Draft, DrafterBase
 from .copying import CopyIndex, copy_bucket, match_bucket
@@ -36,9 +37,10 @@ class PromptLookup(DrafterBase):
     name = "lookup"
     kind = COPY
 
-    def __init__(self, *, min_ngram: int = 2, max_ngram: int = 8, max_match: int = 64):
+    def __init__(self, *, min_ngram: int = 2, max_ngram: int = 8, max_match: int = 64,
+                 config: PlannerConfig = DEFAULT_CONFIG):
         self.copies = CopyIndex(min_ngram=min_ngram, max_ngram=max_ngram,
-                                max_match=max(max_match, max_ngram))
+                                max_match=max(max_match, max_ngram), config=config)
         self.min_ngram, self.max_ngram = min_ngram, max_ngram
 
     def reset(self) -> None:

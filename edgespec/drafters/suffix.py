@@ -32,6 +32,7 @@ from typing import Sequence
 import numpy as np
 
 from ..core.cache import common_prefix_length
+from ..core.config import DEFAULT_CONFIG, PlannerConfig
 from ..core.sampling import SamplingParams
 from ..core.draft import COPY, Draft, DrafterBase
 from .copying import CopyIndex, copy_bucket
@@ -94,7 +95,8 @@ class SuffixDrafter(DrafterBase):
     kind = COPY
 
     def __init__(self, *, max_ngram: int = 8, min_ngram: int = 2, min_confidence: float = 0.3,
-                 memory_tokens: int = 16384, max_match: int = 64):
+                 memory_tokens: int = 16384, max_match: int = 64,
+                 config: PlannerConfig = DEFAULT_CONFIG):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         if not 0.0 <= min_confidence < 1.0:
@@ -105,7 +107,7 @@ class SuffixDrafter(DrafterBase):
         self.memory_tokens = memory_tokens
         self.counts = NgramCounts(max_ngram)
         self.copies = CopyIndex(min_ngram=min_ngram, max_ngram=max_ngram,
-                                max_match=max(max_match, max_ngram))  # over the live context
+                                max_match=max(max_match, max_ngram), config=config)  # over the live context
         self._live: list[int] = []  # the context indexed now
         self._memory: deque[list[int]] = deque()  # earlier contexts, oldest first
         self._remembered = 0  # tokens in the memory

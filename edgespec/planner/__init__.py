@@ -1,7 +1,7 @@
 """The planner: which drafter drafts how far each round (auto mode), and what it
 knows of this machine's costs.
 
-- auto mode: :mod:`.config` (the tunables, :class:`PlannerConfig`), :mod:`.estimates`
+- auto mode (its tunables, :class:`PlannerConfig`, are :mod:`edgespec.core.config`'s): :mod:`.estimates`
   (acceptance and offer rates, a draft model's stop), :mod:`.budget` (what tries made
   on hope may lose), :mod:`.adaptive` (:class:`AdaptivePlanner`);
 - its costs: :mod:`.costs` (:class:`CostModel`: v(n) and c, measured in the run),
@@ -18,7 +18,7 @@ May import: drafters, backends, core, errors, paths.
 
 from ..core.planner import DraftReport, FixedPlanner, Planner, Proposal, RoundResult
 from .adaptive import AdaptivePlanner, auto_drafters
-from .config import PlannerConfig
+from ..core.config import PlannerConfig
 from .estimates import AcceptanceTracker, Rates, StopRule
 from .factory import AutoPlanners, auto_planner
 

@@ -32,11 +32,11 @@ from typing import Sequence
 import numpy as np
 
 from .calibration import save_calibration
-from .costs import LONG_SIZES, CostModel
+from .costs import CostModel
 from ..core.draft import COPY, MODEL, Drafter
 from ..core.planner import DraftReport, Proposal, RoundResult
 from .budget import ExplorationBudget
-from .config import PlannerConfig
+from ..core.config import PlannerConfig
 from .estimates import AcceptanceTracker, Rates, StopRule
 
 
@@ -213,7 +213,7 @@ class AdaptivePlanner:
         where it makes the planner, and what is timed becomes the next run's prior when
         the planner closes."""
         known = set(self.cost.measured_sizes()) | set(self.cost.prior_v)
-        return tuple(n for n in sorted(LONG_SIZES, reverse=True) if n <= self.max_draft + 1 and n not in known)
+        return tuple(n for n in sorted(self.config.long_sizes, reverse=True) if n <= self.max_draft + 1 and n not in known)
 
     def observe_pass(self, num_tokens: int, seconds: float) -> None:
         self.cost.observe_target(num_tokens, seconds)

@@ -10,7 +10,7 @@ the budget full.
 
 from __future__ import annotations
 
-from .config import PlannerConfig
+from ..core.config import PlannerConfig
 
 
 class ExplorationBudget:

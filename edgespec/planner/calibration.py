@@ -20,7 +20,8 @@ from typing import Callable, Sequence
 from ..core.backend import Backend
 from ..paths import edgespec_home, file_fingerprint
 from ..core.cache import CachedModel
-from .costs import CALIBRATION_REPEATS, CALIBRATION_SIZES, CostModel
+from ..core.config import DEFAULT_CONFIG
+from .costs import CostModel
 from ..core.sampling import SamplingParams, Scratch
 
 Model = Backend | CachedModel  # what is timed: a backend, or the cache a generation uses
@@ -31,8 +32,8 @@ def _backend(model: Model) -> Backend:
 
 
 def calibrate(target: Model, drafts: Sequence[tuple[str, Model]], *,
-              sizes: Sequence[int] = CALIBRATION_SIZES,
-              repeats: int = CALIBRATION_REPEATS,
+              sizes: Sequence[int] = DEFAULT_CONFIG.calibration_sizes,
+              repeats: int = DEFAULT_CONFIG.calibration_repeats,
               clock: Callable[[], float] = time.perf_counter,
               context: Sequence[int] | None = None) -> CostModel:
     """Time target passes of ``sizes`` tokens and one-token drafter steps,

@@ -35,25 +35,17 @@ import statistics
 from collections import deque
 from typing import Sequence
 
-WINDOW = 9                      # samples kept per kind: the median of the most recent
-TRUSTED_SAMPLES = 3             # in-run samples of a pass size or a drafter's step that outweigh its prior
-COLD_START = 1.5                # (a step: when dearer than the prior by no more than this, a cold start)
-CALIBRATION_SIZES = (1, 2, 3, 4, 5, 8, 9)  # 4 and 8: see CostModel._estimate_v
-LONG_SIZES = (16, 32, 64)       # timed by a run when first needed (AdaptivePlanner.timing_wanted)
-SAVED_SIZES = frozenset(CALIBRATION_SIZES + LONG_SIZES)  # what a cost file keeps
-CALIBRATION_REPEATS = 5         # timed passes per size after one warm-up pass
-PRIOR_WEIGHT = 3                # samples a prior counts as when a run saves what it timed
-CONFIRMED = 1.5                 # a run's passes within this factor of the prior confirm it
+from ..core.config import DEFAULT_CONFIG, PlannerConfig
 
 
 class _Samples:
     """The most recent samples of one kind, and when the newest was taken."""
 
-    def __init__(self) -> None:
-        self.values: deque[float] = deque(maxlen=WINDOW)
+    def __init__(self, window: int) -> None:
+        self.values: deque[float] = deque(maxlen=window)
         # Each value over the plain step of its moment (None: none measured yet), which is
         # what a run saves: a ratio to plain steps timed around it, not to the run's last.
-        self.ratios: deque[float | None] = deque(maxlen=WINDOW)
+        self.ratios: deque[float | None] = deque(maxlen=window)
         self.last_tick = -1  # the CostModel's clock at the newest sample
         self._estimate: float | None = None  # of the values as they are (the planner asks often)
 
@@ -82,10 +74,12 @@ class CostModel:
 
     ``prior`` holds ratios (``{"v": {n: v(n)}, "c": {name: c}}``),
     e.g. :func:`~edgespec.planner.calibration.load_calibration`'s; it stands in until this run has measured
-    the same quantity (a few times: see the module doc).
+    the same quantity (a few times: see the module doc). ``config``: its tunables
+    (``cost_window``, ``trusted_samples``, ``cold_start``, ``confirmed``, ...).
     """
 
-    def __init__(self, prior: dict | None = None):
+    def __init__(self, prior: dict | None = None, config: PlannerConfig = DEFAULT_CONFIG):
+        self.config = config
         prior = prior or {}
         self.prior_v = {int(n): _clamp(float(r), 1.0, float(n))
                         for n, r in prior.get("v", {}).items() if int(n) >= 1}
@@ -102,13 +96,13 @@ class CostModel:
         """A target pass over ``num_tokens`` tokens (verify included) took ``seconds``."""
         self.tick += 1
         step = self.step_seconds if num_tokens > 1 else None
-        self._target.setdefault(num_tokens, _Samples()).add(seconds, self.tick, step)
+        self._target.setdefault(num_tokens, _Samples(self.config.cost_window)).add(seconds, self.tick, step)
         self._v_table = self._points = None
 
     def observe_draft(self, name: str, steps: int, seconds: float) -> None:
         """``steps`` drafter steps took ``seconds``."""
         if steps > 0:
-            self._step.setdefault(name, _Samples()).add(seconds / steps, self.tick, self.step_seconds)
+            self._step.setdefault(name, _Samples(self.config.cost_window)).add(seconds / steps, self.tick, self.step_seconds)
 
     @property
     def step_seconds(self) -> float | None:
@@ -142,7 +136,7 @@ class CostModel:
     def trusted_sizes(self) -> list[int]:
         """Pass sizes whose cost is known here: those this run measured, and the prior's
         once this run's verify passes have confirmed it (their typical ratio to it within
-        CONFIRMED of 1, over at least two passes): a prior that claims wide passes are
+        ``confirmed`` of 1, over at least two passes): a prior that claims wide passes are
         cheap, wrongly, is not believed for the sizes this run has not tried."""
         sizes = self.measured_sizes()
         step = self.step_seconds
@@ -150,7 +144,8 @@ class CostModel:
             return sizes
         ratios = [seconds / step / self.prior_v[n] for n in sizes if n > 1 and n in self.prior_v
                   for seconds in self._target[n].values]
-        if len(ratios) >= 2 and 1 / CONFIRMED <= _typical(ratios) <= CONFIRMED:
+        confirmed = self.config.confirmed
+        if len(ratios) >= 2 and 1 / confirmed <= _typical(ratios) <= confirmed:
             return sorted(set(sizes) | set(self.prior_v))
         return sizes
 
@@ -217,7 +212,7 @@ class CostModel:
 
     def _timed_v(self) -> dict[int, float]:
         """v(m) at the sizes this run timed: a size's own median once it was timed
-        TRUSTED_SAMPLES times (or where the prior lacks it); before that, the prior's
+        ``trusted_samples`` times (or where the prior lacks it); before that, the prior's
         value at this run's level, the typical ratio of all the verify passes it timed
         to the prior's value for their sizes. One pass on a busy moment then moves
         every size a little instead of its own a lot (it would make drafts of that
@@ -229,7 +224,7 @@ class CostModel:
         to_prior = [seconds / step / self.prior_v[m]
                     for m, values in timed.items() if m in self.prior_v for seconds in values]
         level = _typical(to_prior) if to_prior else None
-        return {m: self.prior_v[m] * level if m in self.prior_v and len(values) < TRUSTED_SAMPLES
+        return {m: self.prior_v[m] * level if m in self.prior_v and len(values) < self.config.trusted_samples
                 else _typical(values) / step for m, values in timed.items()}
 
     @staticmethod
@@ -253,11 +248,11 @@ class CostModel:
             measured = _clamp(own.estimate() / step, 0.0, 1.0)
             # A drafter's first step runs cold (its weights out of the CPU's caches), and
             # a drafter judged too dear is not asked again: one slow step would lock it
-            # out. Until a median exists, a step up to COLD_START times the prior counts
+            # out. Until a median exists, a step up to ``cold_start`` times the prior counts
             # as cold and the prior stands; one further off (a stale or poisoned prior)
             # replaces it at once.
-            if prior is not None and len(own.values) < TRUSTED_SAMPLES \
-                    and prior < measured <= COLD_START * prior:
+            if prior is not None and len(own.values) < self.config.trusted_samples \
+                    and prior < measured <= self.config.cold_start * prior:
                 return prior
             return measured
         # Never measured: assume it is cheap, so that it gets tried, and measured.
@@ -267,11 +262,11 @@ class CostModel:
         """Time for a draft model to catch up on ``tokens`` committed tokens / one plain step."""
         return self.c(name) * self.v(tokens) if tokens > 0 else 0.0
 
-    def as_prior(self, sizes: Sequence[int] = CALIBRATION_SIZES) -> dict:
+    def as_prior(self, sizes: Sequence[int] | None = None) -> dict:
         """What the calibration file keeps, as ratios: for every pass size this run
         timed (and every drafter it timed), the median of its samples and the prior's
-        value counted as PRIOR_WEIGHT samples; the prior's value for the sizes it did
-        not time (of ``sizes``, those known to neither are left out: the next run
+        value counted as ``cost_prior_weight`` samples; the prior's value for the sizes it
+        did not time (of ``sizes``, default the calibration's, those known to neither are left out: the next run
         interpolates them itself).
 
         In a run, one sample replaces the prior; what outlives the run must be surer:
@@ -280,7 +275,8 @@ class CostModel:
         never an estimate derived for a size this run did not time: scaled again run
         after run, such a value would drift without a single measurement behind it.
         """
-        step = self.step_seconds
+        step, cfg = self.step_seconds, self.config
+        sizes = cfg.calibration_sizes if sizes is None else sizes
         v = {n: self.prior_v.get(n) for n in (set(sizes) | set(self.prior_v)) - {1}}
         v[1] = 1.0
         c = dict(self.prior_c)
@@ -289,23 +285,26 @@ class CostModel:
                 # The sizes a run may time on purpose (the calibration's, the long ones):
                 # a draft of 23 or 63 tokens timed once or twice would stand as a point
                 # of its own in every later run, right or not.
-                if 1 < n and (n in SAVED_SIZES or n in sizes or n in self.prior_v):
-                    v[n] = _saved(self._target[n], step, self.prior_v.get(n), 1.0, float(n))
+                if 1 < n and (n in cfg.saved_sizes or n in sizes or n in self.prior_v):
+                    v[n] = _saved(self._target[n], step, self.prior_v.get(n), 1.0, float(n),
+                                  cfg.cost_prior_weight)
             for name, samples in self._step.items():
                 if samples.values:
-                    c[name] = _saved(samples, step, self.prior_c.get(name), 0.0, 1.0)
+                    c[name] = _saved(samples, step, self.prior_c.get(name), 0.0, 1.0,
+                                     cfg.cost_prior_weight)
         return {"v": {str(n): v[n] for n in sorted(v) if v[n] is not None},
                 "c": c,
                 "step_seconds": step}
 
 
-def _saved(samples: _Samples, step: float, prior: float | None, low: float, high: float) -> float:
+def _saved(samples: _Samples, step: float, prior: float | None, low: float, high: float,
+           prior_weight: int) -> float:
     """What a run keeps of one cost: the median of its samples, each as a ratio to the
     plain step of its moment (else to the run's ``step``), and ``prior`` counted as
-    PRIOR_WEIGHT samples, within [low, high]."""
+    ``prior_weight`` samples, within [low, high]."""
     ratios = [ratio if ratio is not None else seconds / step
               for seconds, ratio in zip(samples.values, samples.ratios)]
-    return _clamp(statistics.median(ratios + ([prior] * PRIOR_WEIGHT if prior is not None else [])),
+    return _clamp(statistics.median(ratios + ([prior] * prior_weight if prior is not None else [])),
                   low, high)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from .config import PlannerConfig
+from ..core.config import PlannerConfig
 
 
 class Rates:

@@ -22,7 +22,7 @@ from ..core.planner import AUTO, FixedPlanner, Planner, check_num_draft
 from ..drafters import PromptLookup
 from .adaptive import AdaptivePlanner, auto_drafters
 from .calibration import PassTimer, pair_path, prior_for
-from .config import PlannerConfig
+from ..core.config import PlannerConfig
 from .costs import CostModel
 
 # The context the long passes are timed after where the cache is empty.
@@ -84,8 +84,8 @@ def auto_planner(target: Backend | CachedModel, drafter: Drafter | None,
         cheap = PromptLookup()
         cheap.attach(target.backend if isinstance(target, CachedModel) else target)
     kept = pair_path(target, models) if prior is None else None
-    return AdaptivePlanner(auto_drafters(drafter, cheap), CostModel(prior or prior_for(target, models)),
-                           config, keep_costs=kept)
+    return AdaptivePlanner(auto_drafters(drafter, cheap),
+                           CostModel(prior or prior_for(target, models), config), config, keep_costs=kept)
 
 
 def time_long_passes(planner: AdaptivePlanner, target: CachedModel,

@@ -1,4 +1,6 @@
-"""The tunables of auto mode, in one frozen object a test can build."""
+"""The tunables of auto mode (the planner, its cost model, and the copying drafters it
+asks), in one frozen object a test can build. It sits in the core, below the drafters
+and the planner, since both read it."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from dataclasses import dataclass, field
 @dataclass(frozen=True)
 class PlannerConfig:
     """The tunables of auto mode (tuned on the built-in tuning prompt sets with
-    ``scripts/policy_sim.py``, then measured with ``edgespec bench``; docs/auto-mode.md)."""
+    ``scripts/planner_sim.py``, then measured with ``edgespec bench``; docs/auto-mode.md)."""
 
     max_draft: int = 64           # the longest draft auto mode proposes
     draft_p_min: float = 0.7      # a draft model stops below this top probability ...
@@ -66,3 +68,27 @@ class PlannerConfig:
     explore_start: float = 2.0
     explore_rate: float = 0.01
     explore_cap: float = 4.0
+    # -- the cost model (edgespec.planner.costs) --------------------------------------
+    cost_window: int = 9          # samples kept per kind: the median of the most recent
+    trusted_samples: int = 3      # in-run samples of a pass size or a drafter's step that outweigh its prior
+    cold_start: float = 1.5       # (a step: when dearer than the prior by no more than this, a cold start)
+    calibration_sizes: tuple[int, ...] = (1, 2, 3, 4, 5, 8, 9)  # 4 and 8: see CostModel._estimate_v
+    long_sizes: tuple[int, ...] = (16, 32, 64)  # timed once when first wanted (AdaptivePlanner.timing_wanted)
+    calibration_repeats: int = 5  # timed passes per size after one warm-up pass
+    cost_prior_weight: int = 3    # samples a prior counts as when a run saves what it timed
+    confirmed: float = 1.5        # a run's passes within this factor of the prior confirm it
+    # -- the copying drafters (edgespec.drafters) -------------------------------------
+    # How often a copy breaks after each run length (breaks.BreakModel's prior).
+    run_priors: tuple[float, ...] = (0.36, 0.17, 0.10, 0.03, 0.02, 0.006, 0.005, 0.003, 0.002)
+    resume_window: int = 256      # how far past a break a copy may pick up again
+    resume_after: int = 8         # a copy that held this long in this text is picked up after a break
+    prediction_longest_match: int = 16  # reply tokens compared when looking for a prediction's place again
+    prediction_near: int = 64     # a one-token match counts only this close to the old place
+
+    @property
+    def saved_sizes(self) -> frozenset[int]:
+        """The pass sizes a cost file keeps: the calibration's and the long ones."""
+        return frozenset(self.calibration_sizes + self.long_sizes)
+
+
+DEFAULT_CONFIG = PlannerConfig()

@@ -16,7 +16,7 @@ trace, and charges each round the machine's measured costs (v(n), c and the
 catch-up, in plain steps). The planner sees simulated seconds exactly as it
 sees real ones, so its cost estimation runs too. It starts from the costs an
 earlier run on the machine saved (every size; ``--first-run``: the calibration's
-short sizes, the long ones timed in a long prompt's prefill as the engine does),
+short sizes, the long ones timed where the planner is made, as AutoPlanners does),
 ``--prior`` from other (e.g. poisoned) costs than the true ones, ``--costs``
 simulates another machine's costs (``scripts/costs/epyc-2core.json``), and
 ``--noise`` jitters each pass's time (a busy machine), which its cost estimation
@@ -28,10 +28,10 @@ It is a model of the engine, not a benchmark: quote ``edgespec bench`` for speed
 Tune on the tuning sets (code, edit, chat) only; the validation sets are not
 for tuning.
 
-    python scripts/policy_sim.py record --sets edit,edit-chain,code,chat --out traces.json
-    python scripts/policy_sim.py simulate traces.json
-    python scripts/policy_sim.py simulate traces.json --set optimism=0.5 --set min_gain=1.02
-    python scripts/policy_sim.py simulate traces.json --noise 0.1 --repeats 16
+    python scripts/planner_sim.py record --sets edit,edit-chain,code,chat --out traces.json
+    python scripts/planner_sim.py simulate traces.json
+    python scripts/planner_sim.py simulate traces.json --set optimism=0.5 --set min_gain=1.02
+    python scripts/planner_sim.py simulate traces.json --noise 0.1 --repeats 16
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ import numpy as np
 
 from edgespec.measure.ceiling import ceiling, copy_lengths
 from edgespec.planner.calibration import calibrate
-from edgespec.planner.costs import CALIBRATION_SIZES, CostModel
+from edgespec.core.config import DEFAULT_CONFIG
+from edgespec.planner.costs import CostModel
 from edgespec.drafters import Draft, PromptLookup, SuffixDrafter
 from edgespec.planner import DraftReport, RoundResult
 from edgespec.planner import AdaptivePlanner, PlannerConfig
@@ -171,15 +172,16 @@ def replay(trace: dict, true: CostModel, *, config: PlannerConfig | None = None,
     uses_suffix = drafter == "suffix" or (config is not None and cheap == "suffix")
     state = {} if state is None else state
     if not state:
-        state["lookup"] = SuffixDrafter() if uses_suffix else MapKRule() if drafter == MapKRule.name \
-            else PromptLookup()
+        tuning = config or DEFAULT_CONFIG  # (the copying drafters read theirs from it too)
+        state["lookup"] = SuffixDrafter(config=tuning) if uses_suffix else MapKRule() \
+            if drafter == MapKRule.name else PromptLookup(config=tuning)
         if VOCABULARY and hasattr(state["lookup"], "copies"):  # line structure, as attach() gives
             state["lookup"].copies.set_vocabulary(VOCABULARY[0].token_bytes)
         state["model"] = TraceModel()
         state["planner"] = AdaptivePlanner(
             [state["lookup"], state["model"]] if with_model and trace.get("draft", True)
             else [state["lookup"]],
-            CostModel(prior), config) if config else None
+            CostModel(prior, config), config) if config else None
     lookup, model, planner = state["lookup"], state["model"], state["planner"]
     params = SamplingParams(temperature=trace["temp"])
     t, spent, synced = 0, 0.0, 0  # synced: the draft model's cache holds out[:synced]
@@ -188,12 +190,9 @@ def replay(trace: dict, true: CostModel, *, config: PlannerConfig | None = None,
     def noisy(seconds: float) -> float:
         return seconds * math.exp(noise * clock.standard_normal() - noise * noise / 2) if noise else seconds
 
-    if planner:  # the engine times the long passes the planner wants in a long prompt,
-        sizes = []  # each between plain steps
-        for size in sorted(planner.timing_wanted()):
-            if 2 * (sum(sizes) + size + len(sizes) + 2) > len(prompt):
-                break
-            sizes.append(size)
+    if planner:  # auto mode's planners time the long passes a planner wants where they
+        #          make it (AutoPlanners: each between plain steps), once
+        sizes = sorted(planner.timing_wanted())
         for size in [m for n in sizes for m in (1, n)] + [1] if sizes else ():
             planner.observe_pass(size, noisy(true.v(size)))
         planner.begin(prompt)
@@ -294,7 +293,7 @@ def simulate(args) -> None:
     # What a run starts from: the costs an earlier run on this machine saved (every size),
     # or with --first-run the calibration's sizes only; or --prior.
     prior = json.load(open(args.prior)) if args.prior else costs if not args.first_run else {
-        **costs, "v": {n: r for n, r in costs["v"].items() if int(n) in CALIBRATION_SIZES}}
+        **costs, "v": {n: r for n, r in costs["v"].items() if int(n) in DEFAULT_CONFIG.calibration_sizes}}
     names = {f.name for f in fields(PlannerConfig)}
     changes = {}
     for setting in args.set:
