@@ -78,12 +78,17 @@ def noise(keys, ids):
 def _noise(xp, salted_keys, ids):
     """:func:`noise`, with splitmix64's first step (adding ``MIX[0]``) already in the keys."""
     _, c1, c2 = _constants(xp)
-    x = salted_keys + ids
-    x = (x ^ (x >> 30)) * c1
-    x = (x ^ (x >> 27)) * c2
-    x = x ^ (x >> 31)
+    x = salted_keys + ids  # a fresh array: the rest works on it in place (on the host)
+    x ^= x >> 30
+    x *= c1
+    x ^= x >> 27
+    x *= c2
+    x ^= x >> 31
+    x >>= 64 - UNIFORM_BITS
     # The top bits, as a uniform in (0, 1): never 0, so E is finite.
-    uniform = ((x >> (64 - UNIFORM_BITS)).astype(wide(xp)) + 0.5) * (1.0 / (1 << UNIFORM_BITS))
+    uniform = x.astype(wide(xp))
+    uniform += 0.5
+    uniform *= 1.0 / (1 << UNIFORM_BITS)
     return -xp.log(uniform)
 
 
