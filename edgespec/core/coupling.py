@@ -119,8 +119,9 @@ def race_rows(weights, blocks, seed: int, position: int):
                           for i in range(rows)])  # [n, 2]: each row's keys, for its ids and blocks
     block = xp.argmax(blocks / _noise(xp, salted[:, 1:], _counters(xp, blocks.shape[-1])), axis=-1)
     first = block * BLOCK  # [n]: the first id of each row's winning block
-    ids = first.astype(xp.uint64)[:, None] + _counters(xp, BLOCK)  # [n, BLOCK]
-    return first + xp.argmax(_block_weights(xp, weights, first) / _noise(xp, salted[:, :1], ids), axis=-1)
+    # The noise of ids first .. first + BLOCK - 1: their key is offset by first.
+    inner_noise = _noise(xp, salted[:, :1] + first.astype(xp.uint64)[:, None], _counters(xp, BLOCK))
+    return first + xp.argmax(_block_weights(xp, weights, first) / inner_noise, axis=-1)
 
 
 def _block_weights(xp, weights, first):
