@@ -112,7 +112,7 @@ def race_rows(weights, blocks, seed: int, position: int):
     noise: a draft model on MLX and a target elsewhere are coupled. ``blocks``:
     the rows' block sums, or None to compute them."""
     xp = namespace(weights)
-    rows, vocab = weights.shape
+    rows = weights.shape[0]
     if blocks is None:
         blocks = block_sums(weights)
     salted = uint64s(xp, [[(key + MIX[0]) & _MASK for key in position_keys(seed, position + i)]
