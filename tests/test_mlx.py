@@ -234,10 +234,84 @@ def test_device_probabilities_equal_the_host_ones(params):
     import mlx.core as mx
 
     from edgespec import logits_to_probs
-    from edgespec.backends import mlx_ops
     logits = np.random.default_rng(2).normal(0, 3, (3, 4000)).astype(np.float32)
-    np.testing.assert_allclose(np.array(mlx_ops.probs(mx.array(logits), params)),
+    np.testing.assert_allclose(np.array(logits_to_probs(mx.array(logits), params)),
                                logits_to_probs(logits, params), rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("params, kept", [
+    (SamplingParams(temperature=0), [[1], [0]]),
+    (SamplingParams(temperature=1.0, top_k=2), [[1, 3, 4], [0, 1]]),
+    (SamplingParams(temperature=1.0, top_p=0.3), [[1, 3, 4], [0, 1]]),
+    (SamplingParams(temperature=1.0, min_p=0.5), [[1, 2, 3, 4, 5, 7], [0, 1]])])
+def test_host_and_device_break_ties_alike(params, kept):
+    """Exact ties: the argmax is the first of the tied ids, and a filter keeps every
+    token tied with the last one it keeps, on the host and on the device."""
+    import mlx.core as mx
+
+    from edgespec import logits_to_probs
+    logits = np.log(np.array([[1, 4, 2, 4, 4, 2, 1, 2], [3, 3, 1, 1, 1, 1, 1, 1]], np.float32))
+    host = logits_to_probs(logits, params)
+    device = np.array(logits_to_probs(mx.array(logits), params))
+    assert [np.flatnonzero(row).tolist() for row in host] == kept
+    assert [np.flatnonzero(row).tolist() for row in device] == kept
+    np.testing.assert_allclose(device, host, rtol=1e-6)
+
+
+@pytest.mark.parametrize("invariant", [False, True])
+def test_device_and_host_verdicts_agree_where_no_draw_decides(invariant):
+    """Greedy rounds, and seed-invariant ones (the race decides): verified on the device
+    and on the host, the same verdicts and top probabilities, with or without a
+    draft's q, with k + 1 rows or k (the last draft an id the target lacks)."""
+    import mlx.core as mx
+
+    from edgespec import logits_to_probs
+    from edgespec.backends.mlx_ops import verify_on_device
+    from edgespec.core.acceptance import verify_round
+    from edgespec.core.coupling import Coupling
+    rng = np.random.default_rng(4)
+    vocab, rounds = 3000, 0
+    params = SamplingParams(temperature=0.8, top_k=50, seed=3) if invariant else GREEDY
+    for trial in range(40):
+        k = int(rng.integers(0, 5))
+        logits = rng.normal(0, 2.0, (k + 1, vocab)).astype(np.float32)
+        coupling = Coupling(int(rng.integers(1 << 30)))
+        own = coupling.picks(logits_to_probs(logits, params), trial) if invariant else logits.argmax(-1)
+        drafts = [int(own[i]) if rng.random() < 0.8 else int(rng.integers(vocab)) for i in range(k)]
+        if k and trial % 3 == 0:  # the last draft outside the target's vocabulary: k rows
+            drafts[-1], logits = vocab + 1, logits[:k]
+        q = None if trial % 2 else rng.dirichlet(np.ones(vocab + 2), k).astype(np.float32)
+        host, host_top = verify_round(logits, drafts, q, params, coupling, position=trial)
+        device, device_top = verify_on_device(mx.array(logits), drafts, q, params, coupling,
+                                              position=trial)
+        assert device == host
+        np.testing.assert_allclose(device_top, host_top, rtol=1e-5)
+        rounds += host.num_accepted > 0
+    assert rounds > 5
+
+
+@pytest.mark.parametrize("with_q", [True, False])
+def test_device_and_host_rules_give_one_distribution(with_q):
+    """Sampled rounds (the exact rule, a draft model's q or a deterministic drafter's):
+    what the device commits first is distributed as p itself, and as the host's."""
+    import mlx.core as mx
+    from collections import Counter
+
+    from edgespec.backends.mlx_ops import verify_on_device
+    from edgespec.core.acceptance import verify_round
+    params = SamplingParams(temperature=1.0)
+    logits = np.log(np.array([[0.05, 0.4, 0.3, 0.2, 0.05], [0.3, 0.3, 0.2, 0.1, 0.1]], np.float32))
+    q = np.array([[0.5, 0.1, 0.1, 0.2, 0.1]], np.float32) if with_q else None
+    p0 = np.exp(logits[0]) / np.exp(logits[0]).sum()
+    samples = 3000
+    for side, verify, rows in (("device", verify_on_device, mx.array(logits)), ("host", verify_round, logits)):
+        rng = np.random.default_rng(8)
+        # A draft model's draft is drawn from its q; a deterministic drafter's is any token.
+        drafts = rng.choice(5, samples, p=q[0]) if with_q else np.zeros(samples, int)
+        counts = Counter(verify(rows, [int(x)], q, params, rng)[0].token_ids[0] for x in drafts)
+        expected = {(t,): float(p) for t, p in enumerate(p0)}
+        assert chi_square_pvalue(Counter({(t,): c for t, c in counts.items()}), expected) > SIGNIFICANCE, \
+            (side, counts)
 
 
 def test_device_draft_loop_leaves_the_cache_as_the_host_loop_does(exactness_pair):
@@ -247,7 +321,7 @@ def test_device_draft_loop_leaves_the_cache_as_the_host_loop_does(exactness_pair
     _, draft_path = exactness_pair
     on_device = DraftModel(mlx(draft_path, 128), min_confidence=0.35)
     on_host = DraftModel(mlx(draft_path, 128), min_confidence=0.35)
-    on_host._on_device = False  # the numpy loop, on the same weights
+    on_host.backend.device_logits = False  # the numpy loop, on the same weights
     rng = np.random.default_rng(0)
     stops = 0
     for start in range(12):

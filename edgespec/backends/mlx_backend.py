@@ -66,7 +66,7 @@ class MlxBackend(TokenizerMethods, BackendFacts):
     def n_past(self) -> int:
         return self._n_past
 
-    device_logits = True  # forward(lazy=True): logits stay on the device, and verify() there
+    device_logits = True  # forward(lazy=True) leaves logits on the device, and verify() decides there
 
     def forward(self, tokens: Sequence[int] | mx.array, *, last_only: bool = False,
                 lazy: bool = False) -> np.ndarray | mx.array:
@@ -121,21 +121,19 @@ class MlxBackend(TokenizerMethods, BackendFacts):
     def verify(self, logits: mx.array, draft_token_ids: Sequence[int], draft_probs, params, rng, *,
                draft_scales: np.ndarray | None = None, position: int = 0, confidence: bool = True,
                scratch=None):
-        """The verdict on a round from rows of logits ``[k+1, V]`` left on the device by
-        ``forward(lazy=True)``, and the target's top probability at each committed token,
-        in one synchronization (:func:`edgespec.backends.mlx_ops.verify_on_device`);
-        the arguments are :func:`edgespec.core.acceptance.verify_round`'s (the device always
-        reports the top probabilities: they cost nothing there). A round whose last draft
-        is an id this model lacks has one row fewer, and rows already on the host (shaped by a
-        request's bias, penalties or grammar) are decided there too."""
+        """The verdict on a round from rows of logits ``[n, V]`` and the target's top
+        probability at each committed token, where the logits are
+        (:func:`edgespec.core.backend.logits_on_device` decided that): left on the device
+        by ``forward(lazy=True)``, in one synchronization
+        (:func:`edgespec.backends.mlx_ops.verify_on_device`; the device always reports the
+        top probabilities: they cost nothing there); on the host,
+        :func:`edgespec.core.acceptance.verify_round`, whose arguments these are."""
+        if isinstance(logits, np.ndarray):
+            return verify_round(logits, draft_token_ids, draft_probs, params, rng, draft_scales=draft_scales,
+                                confidence=confidence, scratch=scratch, position=position)
         from .mlx_ops import verify_on_device
-        if isinstance(logits, np.ndarray) or len(logits) != len(draft_token_ids) + 1:
-            return verify_round(np.array(logits, copy=False), draft_token_ids, draft_probs, params, rng,
-                                draft_scales=draft_scales, confidence=confidence, scratch=scratch,
+        return verify_on_device(logits, draft_token_ids, draft_probs, params, rng, draft_scales=draft_scales,
                                 position=position)
-        if draft_scales is not None:  # the device takes q itself
-            draft_probs = draft_probs * np.asarray(draft_scales, np.float32)[:, None]
-        return verify_on_device(logits, draft_token_ids, draft_probs, params, rng, position=position)
 
     @property
     def memory_bytes(self) -> int:

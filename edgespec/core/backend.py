@@ -89,6 +89,17 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
+def logits_on_device(backend: Backend, *, shaping=None, logprobs: int | None = None) -> bool:
+    """Whether a pass's logits stay on the backend's device, to be sampled and verified
+    there (only token ids then come to the host): where the backend can keep them
+    (``device_logits``: MLX) and nothing reads them on the host (a request's
+    ``shaping``, i.e. bias, penalties or a grammar, or its ``logprobs``). The one
+    place this is decided: the caches' passes, the engine's rounds and a draft
+    model's drafting all ask it, and a backend's ``verify`` decides where the logits
+    it is handed are."""
+    return bool(backend.device_logits) and shaping is None and logprobs is None
+
+
 class BackendFacts:
     """The facts :class:`Backend` declares, as a backend that says nothing else has
     them: no file, the default threads, nothing offloaded, fast kernels, logits on the

@@ -6,7 +6,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .backend import Backend
+from .backend import Backend, logits_on_device
 
 
 class CachedModel:
@@ -40,16 +40,16 @@ class CachedModel:
         self.tokens.extend(int(t) for t in token_ids)
         return logits
 
-    @property
-    def on_device(self) -> bool:
-        """Whether the backend's logits can stay on its device (MLX): then passes for
-        its own ``verify``, and a draft model's drafting, keep them there."""
-        return self.backend.device_logits
+    def on_device(self, *, shaping=None, logprobs: int | None = None) -> bool:
+        """Whether this model's logits stay on its device (MLX), for a request with
+        these ``shaping`` and ``logprobs`` (:func:`~edgespec.core.backend.logits_on_device`)."""
+        return logits_on_device(self.backend, shaping=shaping, logprobs=logprobs)
 
-    def verify_pass(self, token_ids: Sequence[int]):
+    def verify_pass(self, token_ids: Sequence[int], *, shaping=None, logprobs: int | None = None):
         """Evaluate ``token_ids`` (a pending token and drafts) for the backend's own
-        ``verify``: their logits, left on the device where the backend keeps them there."""
-        return self.forward(token_ids, on_device=self.on_device)
+        ``verify``: their logits, left on the device where :meth:`on_device` says so
+        (for a request with these ``shaping`` and ``logprobs``), else on the host."""
+        return self.forward(token_ids, on_device=self.on_device(shaping=shaping, logprobs=logprobs))
 
     def rewind(self, n_past: int) -> None:
         """Keep only the first ``n_past`` cached tokens.

@@ -359,10 +359,11 @@ class Engine:
             if runnable and draft.token_ids[runnable - 1] in self.target.vocab.eos_token_ids:
                 draft = draft.truncated(runnable)  # (nothing after an end is ever committed)
         draft = draft.truncated(runnable + 1)  # nothing after such an id can be accepted
-        logits = self.target_cache.verify_pass([ctx[-1], *draft.token_ids[:runnable]])  # [n, V]
-        if run.shaping is not None or run.logprobs is not None:  # (on the host)
-            logits = np.asarray(logits) if run.shaping is None else \
-                run.shaping.apply(logits, ctx, draft.token_ids[:runnable])
+        # [n, V]; on the host where the request's shaping or logprobs read them
+        logits = self.target_cache.verify_pass([ctx[-1], *draft.token_ids[:runnable]],
+                                               shaping=run.shaping, logprobs=run.logprobs)
+        if run.shaping is not None:
+            logits = run.shaping.apply(logits, ctx, draft.token_ids[:runnable])
         verdict, top_probs = self.target.verify(logits, draft.token_ids, draft.probs, run.params, run.rng,
                                                 draft_scales=draft.scales, position=len(ctx),
                                                 confidence=planner.wants_confidence,

@@ -3,21 +3,20 @@
 The drafter and the target both go through :func:`logits_to_probs`, with the
 same :class:`SamplingParams`. That is what the exact acceptance rule needs: p
 (target) and q (drafter) must be the distributions each side really samples
-from, after identical temperature / top-k / top-p / min-p processing.
+from, after identical temperature / top-k / top-p / min-p processing. It is
+array code for numpy and MLX alike (:mod:`edgespec.core.arrays`): the host and
+MLX's device compute p with the same function, ties broken the same way.
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, replace
 
 import numpy as np
 
-# top-p needs the tokens sorted by probability. Sorting a 150k vocabulary
-# costs ~10 ms, a third of a target step on a laptop CPU, so we first sort only
-# the largest few hundred and fall back to a full sort when they do not carry
-# top_p of the mass (rare with real models).
-_TOP_P_CANDIDATES = 512
+from .arrays import BLOCK, block_sums, exp_, namespace, store, total, wide, zero_below
+
+_TOP_P_CANDIDATES = 512  # the largest weights the host sorts first for top-p
 
 
 @dataclass(frozen=True)
@@ -82,51 +81,53 @@ def _check(ok: bool, field: str, value, allowed: str) -> None:
         raise ValueError(f"invalid {field}={value!r}: must be {allowed}")
 
 
-def logits_to_probs(logits: np.ndarray, params: SamplingParams, *,
-                    out: np.ndarray | None = None) -> np.ndarray:
+def logits_to_probs(logits, params: SamplingParams, *, out: np.ndarray | None = None):
     """Turn logits ``[..., V]`` into the probabilities sampling really uses.
 
     Order: temperature, then top-k, top-p and min-p filters, then
     renormalisation (the order of Hugging Face transformers and vLLM). At
-    temperature 0 the result is one-hot on the argmax. Float32 throughout,
-    every row at once: the acceptance rule only
+    temperature 0 the result is one-hot on the argmax (its first index where
+    several tie). Each filter keeps a row's tokens as probable as the last one
+    it keeps (ties at its cut stay in, as Hugging Face's top-k keeps them).
+    Float32 throughout, every row at once: the acceptance rule only
     compares p and q at the drafted token and subtracts them at a rejection,
     where float64 would change nothing that a sample can show, at twenty
-    times the cost over a 150k vocabulary. ``out``: where to write the result
-    (same shape, float32), e.g. a row of a drafter's preallocated buffer.
+    times the cost over a 150k vocabulary. ``logits``: a numpy array, or an
+    MLX one (the result stays on its device; :mod:`edgespec.core.arrays`).
+    ``out``: where to write the result on the host (same shape, float32),
+    e.g. a row of a drafter's preallocated buffer.
     """
     weights, blocks = weights_and_blocks(logits, params, out=out)
     # One multiply by the reciprocal: the ~1e-7 relative rounding a division would also have.
-    weights *= (1.0 / blocks.sum(axis=-1, keepdims=True)).astype(np.float32)
+    weights *= (1.0 / blocks.sum(axis=-1, keepdims=True)).astype(namespace(weights).float32)
     return weights
 
 
-def weights_and_blocks(logits: np.ndarray, params: SamplingParams, *,
-                       out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def weights_and_blocks(logits, params: SamplingParams, *, out: np.ndarray | None = None):
     """The probabilities of :func:`logits_to_probs` up to a factor per row
     (p = weights / total, the total being the block sums' sum), and their
     :func:`block_sums`: what sampling needs, one pass over the vocabulary
     short of normalised probabilities."""
-    logits = np.asarray(logits)
-    if out is None:
-        out = np.empty(logits.shape, dtype=np.float32)
+    xp = namespace(logits)
+    if xp is np:
+        logits = np.asarray(logits)
+        if out is None:
+            out = np.empty(logits.shape, dtype=np.float32)
+    vocab = logits.shape[-1]
     if params.greedy:
-        out.fill(0.0)
-        np.put_along_axis(out, np.argmax(logits, axis=-1)[..., None], 1.0, axis=-1)
-        return out, block_sums(out)
-    blocks = _exp_scaled(logits, np.float32(params.inverse_temperature), out)
-    vocab = out.shape[-1]
+        hot = xp.arange(vocab) == xp.argmax(logits, axis=-1, keepdims=True)
+        weights = store(hot.astype(xp.float32), out)
+        return weights, block_sums(weights)
+    weights, blocks = _exp_scaled(logits, params.inverse_temperature, out)
     filtered = 0 < params.top_k < vocab or params.top_p < 1.0 or params.min_p > 0.0
-    if 0 < params.top_k < vocab:
-        # Keep the top_k most probable (ties at the boundary resolved by argpartition).
-        drop = np.argpartition(out, vocab - params.top_k, axis=-1)[..., : vocab - params.top_k]
-        np.put_along_axis(out, drop, 0.0, axis=-1)
+    if 0 < params.top_k < vocab:  # the k-th largest weight: kept, and all as large
+        weights = zero_below(weights, xp.partition(weights, vocab - params.top_k, axis=-1)
+                             [..., vocab - params.top_k, None])
     if params.top_p < 1.0:
-        for row in out.reshape(-1, vocab):
-            _top_p(row, params.top_p)
+        weights = zero_below(weights, _top_p_threshold(weights, params.top_p))
     if params.min_p > 0.0:
-        out[out < params.min_p * out.max(axis=-1, keepdims=True)] = 0.0
-    return out, block_sums(out) if filtered else blocks
+        weights = zero_below(weights, params.min_p * weights.max(axis=-1, keepdims=True))
+    return weights, block_sums(weights) if filtered else blocks
 
 
 # exp(logit / T) unshifted is kept when every row's total lies in this range: the top
@@ -135,27 +136,72 @@ def weights_and_blocks(logits: np.ndarray, params: SamplingParams, *,
 _UNSHIFTED_TOTALS = (1.0, 1e30)
 
 
-def _exp_scaled(logits: np.ndarray, inverse_temperature: np.float32, out: np.ndarray) -> np.ndarray:
-    """out = exp(logits / T), up to a factor per row; returns its block sums.
+def _exp_scaled(logits, inverse_temperature: float, out: np.ndarray | None):
+    """exp(logits / T), up to a factor per row, and its block sums.
 
     Softmax's usual guard, shifting by the maximum first, costs a pass over the
     vocabulary (memory passes are what the host time per token is made of),
-    so rows whose weights fit float32 as they are skip it; the rest (very low
-    temperatures, extreme logits) are redone with the shift.
+    so on the host rows whose weights fit float32 as they are skip it; the
+    rest (very low temperatures, extreme logits) are redone with the shift.
+    A device always shifts: there a pass is cheap, and a test of the totals
+    would be a round trip to the host.
     """
+    xp = namespace(logits)
     with np.errstate(over="ignore", invalid="ignore"):  # caught by the totals' check
-        np.multiply(logits, inverse_temperature, out=out, casting="unsafe")
-        np.exp(out, out=out)
-        blocks = block_sums(out)
-        totals = blocks.sum(axis=-1)
-        low, high = _UNSHIFTED_TOTALS
-        if (low <= totals < high) if totals.ndim == 0 else np.all((totals >= low) & (totals < high)):
-            return blocks
-        # Shifted: far below the top, overflow to -inf is the right answer.
-        np.subtract(logits, logits.max(axis=-1, keepdims=True), out=out, casting="unsafe")
-        out *= inverse_temperature
-        np.exp(out, out=out)
-    return block_sums(out)
+        if xp is np:
+            np.multiply(logits, np.float32(inverse_temperature), out=out, casting="unsafe")
+            np.exp(out, out=out)
+            blocks = block_sums(out)
+            totals = blocks.sum(axis=-1)
+            low, high = _UNSHIFTED_TOTALS
+            if (low <= totals < high) if totals.ndim == 0 else np.all((totals >= low) & (totals < high)):
+                return out, blocks
+        # Shifted: far below the top, underflow to 0 is the right answer.
+        shifted = (logits - logits.max(axis=-1, keepdims=True)).astype(xp.float32)
+        weights = store(xp.exp(shifted * inverse_temperature), out)
+    return weights, block_sums(weights)
+
+
+def _top_p_threshold(weights, top_p: float):
+    """The least weight top-p keeps in each row ``[..., 1]``: the smallest set of the
+    most probable tokens whose mass reaches ``top_p``, up to and including the one
+    that crosses it (with the tokens tied with that one).
+
+    top-p needs the tokens sorted by probability. Sorting a 150k vocabulary costs
+    ~10 ms on the host, a third of a target step on a laptop CPU, so the host
+    first sorts only the largest few hundred and sorts them all only where
+    those do not carry top_p of the mass (rare with real models).
+    """
+    xp = namespace(weights)
+    vocab = weights.shape[-1]
+    target = top_p * total(weights)
+    if xp is np and vocab > _TOP_P_CANDIDATES:
+        largest = np.partition(weights, vocab - _TOP_P_CANDIDATES, axis=-1)[..., vocab - _TOP_P_CANDIDATES:]
+        threshold, reached = _crossing(largest, target)
+        if np.all(reached):
+            return threshold
+    return _crossing(weights, target)[0]
+
+
+def _crossing(weights, target):
+    """The weight of the token whose cumulative mass, in order of weight, first reaches
+    ``target``, and whether the weights' mass reaches it at all (each per row)."""
+    xp = namespace(weights)
+    ordered = -xp.sort(-weights, axis=-1)
+    cumulative = xp.cumsum(ordered.astype(wide(xp)), axis=-1)
+    # Kept: the tokens before the crossing one (their mass is short of target), and it.
+    kept = (cumulative[..., :-1] < target).sum(axis=-1, keepdims=True)
+    return xp.take_along_axis(ordered, kept, axis=-1), cumulative[..., -1:] >= target
+
+
+def residual(p, q, *, out: np.ndarray | None = None):
+    """max(0, p - q), unnormalised: what a rejected draft's replacement is drawn from
+    (where it has no mass, p == q up to rounding, p is the exact answer). ``out``:
+    where to write it on the host (``p`` itself may be it)."""
+    if out is None:
+        return namespace(p).maximum(p - q, 0.0)
+    np.subtract(p, q, out=out)
+    return np.maximum(out, 0.0, out=out)
 
 
 class ProbRows:
@@ -221,13 +267,12 @@ class ProbRows:
         then exact)."""
         weights, _, scale = self._row(index)
         # In a buffer of its own: q belongs to the drafter, the weights may be read again.
-        residual = None if self._buffer is None else self._buffer[-1]
+        out = None if self._buffer is None else self._buffer[-1]
         # max(0, p - q) / q_scale: the same draw, with no pass to scale q.
-        residual = np.multiply(weights, np.float32(scale / q_scale), out=residual)
-        np.subtract(residual, q, out=residual)
-        np.maximum(residual, 0.0, out=residual)
-        blocks = block_sums(residual)
-        return sample_from(residual, rng, blocks) if blocks.sum() > 0 else self.sample(index, rng)
+        scaled = np.multiply(weights, np.float32(scale / q_scale), out=out)
+        remaining = residual(scaled, q, out=scaled)
+        blocks = block_sums(remaining)
+        return sample_from(remaining, rng, blocks) if blocks.sum() > 0 else self.sample(index, rng)
 
     def __getitem__(self, index: int) -> np.ndarray:
         weights, _, scale = self._row(index)
@@ -260,62 +305,18 @@ class Scratch:
         return self._buffer[:count]
 
 
-def top_probability(logits: np.ndarray, scratch: Scratch | None = None) -> np.ndarray:
+def top_probability(logits, scratch: Scratch | None = None):
     """The largest softmax probability of each row of ``logits [n, V]`` (at
-    temperature 0, the confidence a draft model's stop threshold is tested on).
-    ``scratch``: where to compute (auto mode asks this of every plain step: a
-    fresh array over the vocabulary each time cost more than the arithmetic)."""
-    if scratch is None or logits.ndim != 2:
-        shifted = logits - logits.max(-1, keepdims=True)
+    temperature 0, the confidence a draft model's stop threshold is tested on;
+    on a device, where the logits are). ``scratch``: where to compute on the host
+    (auto mode asks this of every plain step: a fresh array over the vocabulary
+    each time cost more than the arithmetic)."""
+    xp = namespace(logits)
+    if xp is np and scratch is not None and logits.ndim == 2:
+        shifted = np.subtract(logits, logits.max(-1, keepdims=True), out=scratch.rows(*logits.shape))
     else:
-        shifted = np.subtract(logits, logits.max(-1, keepdims=True),
-                              out=scratch.rows(*logits.shape))
-    np.exp(shifted, out=shifted)  # in place: one temporary over the vocabulary, not two
-    return 1.0 / shifted.sum(-1)
-
-
-def _top_p(probs: np.ndarray, top_p: float) -> None:
-    """Zero, in place, all tokens outside the smallest set whose mass reaches ``top_p``."""
-    total = probs.sum(dtype=np.float64)
-    vocab = probs.shape[-1]
-    candidates = None
-    if vocab > _TOP_P_CANDIDATES:
-        candidates = np.argpartition(probs, vocab - _TOP_P_CANDIDATES)[-_TOP_P_CANDIDATES:]
-        if probs[candidates].sum(dtype=np.float64) < top_p * total:
-            candidates = None
-    if candidates is None:
-        candidates = np.arange(vocab)
-    order = candidates[np.argsort(-probs[candidates], kind="stable")]
-    cumulative = np.cumsum(probs[order], dtype=np.float64)
-    # Keep tokens up to and including the one that crosses top_p.
-    keep = int(np.searchsorted(cumulative, top_p * total, side="left")) + 1
-    kept = order[:keep]
-    values = probs[kept]
-    probs.fill(0.0)
-    probs[kept] = values
-
-
-# Sampling sums the vocabulary in blocks of this many ids, then searches one block:
-# one pass over the vocabulary instead of a cumulative sum over all of it.
-_BLOCK = 1024
-
-
-@functools.cache
-def _ones(dtype) -> np.ndarray:
-    return np.ones(_BLOCK, dtype=dtype)
-
-
-def block_sums(values: np.ndarray) -> np.ndarray:
-    """Sums of ``values [..., V]`` over consecutive blocks of ids (float64, ``[..., blocks]``)."""
-    lead, vocab = values.shape[:-1], values.shape[-1]
-    whole = vocab - vocab % _BLOCK
-    # A product with a vector of ones: one vectorised pass, a third of the time
-    # numpy's pairwise sum takes over the same blocks (rounding alike at 1e-7).
-    sums = values[..., :whole].reshape(*lead, whole // _BLOCK, _BLOCK) @ _ones(values.dtype)
-    if whole == vocab:
-        return sums.astype(np.float64)
-    return np.concatenate([sums, values[..., whole:].sum(axis=-1, keepdims=True)], axis=-1,
-                          dtype=np.float64)
+        shifted = logits - logits.max(-1, keepdims=True)
+    return 1.0 / exp_(shifted).sum(-1)  # in place on the host: one temporary, not two
 
 
 def sample_from(probs: np.ndarray, rng: np.random.Generator,
@@ -338,13 +339,13 @@ def sample_from(probs: np.ndarray, rng: np.random.Generator,
     block = min(int(cumulative.searchsorted(u, side="right")), len(blocks) - 1)
     while blocks[block] <= 0:  # only rounding at the very top lands here
         block -= 1
-    start = block * _BLOCK
-    inner = probs[start:start + _BLOCK].cumsum(dtype=np.float64)
+    start = block * BLOCK
+    inner = probs[start:start + BLOCK].cumsum(dtype=np.float64)
     u = min(u - (float(cumulative[block - 1]) if block else 0.0), float(inner[-1]))
     index = int(inner.searchsorted(u, side="right"))
     # Rounding may put u at the block's total: take its last id that has mass.
     if index >= len(inner) or probs[start + index] <= 0:
-        index = int(np.flatnonzero(probs[start:start + _BLOCK])[-1])
+        index = int(np.flatnonzero(probs[start:start + BLOCK])[-1])
     return start + index
 
 

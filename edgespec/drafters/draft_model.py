@@ -9,7 +9,8 @@ import numpy as np
 from ..core.backend import Backend
 from ..core.cache import CachedModel, common_prefix_length
 from ..core.coupling import Coupling
-from ..core.sampling import SamplingParams, Scratch, sample_from, top_probability, weights_and_blocks
+from ..core.sampling import (SamplingParams, Scratch, logits_to_probs, sample_from, top_probability,
+                             weights_and_blocks)
 from ..core.draft import MODEL, Draft, DrafterBase
 
 
@@ -64,7 +65,7 @@ class DraftModel(DrafterBase):
         self._next_logits = None
         if not self._can_read(context):
             return 0
-        logits, evaluated = self.cache.sync(context, need_logits=True, on_device=self.cache.on_device)
+        logits, evaluated = self.cache.sync(context, need_logits=True, on_device=self.cache.on_device())
         self._next_logits = logits
         return evaluated
 
@@ -86,8 +87,9 @@ class DraftModel(DrafterBase):
         logits, self._next_logits = self._next_logits, None
         if logits is None:  # a token it cannot read
             return Draft([])
-        if self.cache.on_device and shaping is None:
+        if self.cache.on_device(shaping=shaping):
             return self._propose_on_device(context, logits, num_draft, params, rng, stop)
+        logits = np.asarray(logits)  # (left on the device by a prefill, for a shaped request)
         token_ids: list[int] = []
         confidence: list[float] = []  # the top probability before each draft (with a stop)
         # q of each draft up to a factor (q = weights × scale), written in place
@@ -146,14 +148,13 @@ class DraftModel(DrafterBase):
             if params.greedy:
                 token = mx.argmax(logits)
                 if stop:
-                    confidence.append(mlx_ops.top_probability(logits[None])[0])
+                    confidence.append(top_probability(logits[None])[0])
             else:
-                q = mlx_ops.probs(logits[None], params)[0]  # [V]
-                token = mlx_ops.coupled_pick(q[None], rng, len(context) + i)[0] if coupled else \
-                    mlx_ops.sample(q, keys[i])
+                q = logits_to_probs(logits[None], params)  # [1, V], on the device
+                token = rng.picks(q, len(context) + i)[0] if coupled else mlx_ops.sample(q[0], keys[i])
                 if stop:
                     confidence.append(q.max())
-                probs.append(q)
+                probs.append(q[0])
             tokens.append(token)
             if i + 1 < num_draft:
                 logits = self.backend.forward(token.reshape(1), lazy=True)[-1]
