@@ -66,7 +66,7 @@ def toy_pair():
     return target, target.perturbed(noise=1.0, seed=2)
 
 
-@pytest.mark.parametrize("drafter", ["model", "lookup"])
+@pytest.mark.parametrize("drafter", [pytest.param("model", marks=pytest.mark.slow), "lookup"])
 def test_seed_invariant_sampling_is_exact_on_the_toy(drafter):
     target, draft = toy_pair()
     params = SamplingParams(temperature=1.0, top_k=6, invariant=True)
@@ -78,6 +78,7 @@ def test_seed_invariant_sampling_is_exact_on_the_toy(drafter):
     assert chi_square_pvalue(counts, expected) > SIGNIFICANCE
 
 
+@pytest.mark.slow
 def test_a_drafter_on_other_noise_still_gives_exact_output_but_loses_its_acceptance():
     """The verifier decides every token by the target's race: a draft model drawing
     from q with other noise (the exact rule's sampling) cannot bend the output, only
@@ -204,6 +205,7 @@ class MisreportingDraft(DraftModel):
         return super().draw(hotter, block_sums(hotter), rng, position)
 
 
+@pytest.mark.slow
 def test_verify_fails_a_drafter_that_reports_another_q(smollm2_path, smollm2_q2k_path):
     engine = Engine(LlamaCppBackend(smollm2_path, n_ctx=512))
     honest = DraftModel(LlamaCppBackend(smollm2_q2k_path, n_ctx=512))

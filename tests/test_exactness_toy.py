@@ -7,6 +7,7 @@ deliberately broken acceptance rule must fail the same test.
 """
 
 import numpy as np
+import pytest
 
 import edgespec.core.engine
 import edgespec.core.acceptance
@@ -42,6 +43,7 @@ def test_draft_model_at_temperature_1_matches_target():
     assert 0 < totals.accepted < totals.drafted
 
 
+@pytest.mark.slow
 def test_temperature_top_k_top_p_match_target():
     target = toy_target()
     engine = Engine(target, DraftModel(target.perturbed(noise=1.0, seed=2)), num_draft=3)
@@ -61,6 +63,7 @@ def test_prompt_lookup_matches_target():
     assert totals.drafted > NUM_SAMPLES and 0 < totals.accepted < totals.drafted
 
 
+@pytest.mark.slow
 def test_identical_drafter_accepts_every_draft_and_matches_target():
     target = toy_target()
     twin = ToyBackend(target.table.copy(), name="twin")
@@ -95,6 +98,7 @@ def test_broken_rule_fails_the_same_test(monkeypatch):
     assert pvalue < SIGNIFICANCE
 
 
+@pytest.mark.slow
 def test_drafter_with_extra_vocabulary_rows_matches_target():
     """A drafter with 2 more ids than the target (padding rows, as in some model
     families) puts mass where p = 0: those drafts are rejections, exactly."""

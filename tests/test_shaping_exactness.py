@@ -132,7 +132,8 @@ def test_penalties_counted_without_the_rounds_drafts_fail_the_same_test():
 
 @pytest.mark.parametrize("broken, make_shaping", [
     (lambda: FirstRowOnly(logit_bias={3: 4.0, 4: -100.0}, frequency_penalty=1.5), biased),
-    (lambda: MaskOfTheCommittedText(rule=grammar().rule), grammar)], ids=["bias", "grammar"])
+    pytest.param(lambda: MaskOfTheCommittedText(rule=grammar().rule), grammar,
+                 marks=pytest.mark.slow)], ids=["bias", "grammar"])
 def test_bias_and_grammar_broken_variants_fail_the_same_test(broken, make_shaping):
     target = toy()
     params = SamplingParams(temperature=1.0)
@@ -191,6 +192,7 @@ def test_greedy_constrained_output_equals_plain_constrained_output(smollm2_path,
     engine.close()
 
 
+@pytest.mark.slow
 def test_grammar_sampling_is_exact_on_llamacpp(tmp_path):
     """A grammar through llama.cpp, a draft model drafting (chi-square, 0.001); its broken
     variant, every row masked as after the committed text, fails the same test. (A pair

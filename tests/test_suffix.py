@@ -108,6 +108,7 @@ def test_greedy_output_is_unchanged(num_draft):
     assert spec.token_ids == plain.token_ids and spec.stats.drafted > 0
 
 
+@pytest.mark.slow
 def test_sampled_output_is_distributed_as_the_target():
     """Chi-square at significance 0.001 (fixed seeds), 20,000 three-token samples."""
     target = ToyBackend.random(8, seed=1, scale=1.5)
