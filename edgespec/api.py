@@ -10,6 +10,7 @@ from dataclasses import replace
 from typing import Sequence
 
 from .core.engine import Engine
+from .core.prompt_cache import PromptCache, default_budget_mib
 from .errors import EdgespecError
 from .models.loading import BackendOptions, load_backend, load_drafter
 from .planner import AutoPlanners
@@ -22,7 +23,7 @@ def load(model: str | os.PathLike, draft: str | os.PathLike | None = None, backe
          draft_n_threads: int | None = None, draft_n_gpu_layers: int | None = None,
          mlx_quantize: str = "4bit", fetch: bool = True,
          rpc: str | Sequence[str] | None = None, draft_rpc: str | Sequence[str] | None = None,
-         kernels: str | None = None) -> Engine:
+         kernels: str | None = None, cache_ram: int | None = None) -> Engine:
     """Load a target model (and optionally a drafter) and return an :class:`Engine`.
 
     ``model``/``draft``: a .gguf path, a name from ``edgespec models list``, an
@@ -44,6 +45,9 @@ def load(model: str | os.PathLike, draft: str | os.PathLike | None = None, backe
     passes do; ``"fast"`` on the fastest; None: ``$EDGESPEC_KERNELS``
     or the default. The draft model always runs the fast ones (its rounding cannot
     change the output).
+    ``cache_ram``: MiB of host RAM for saved prompts (llama-server's ``--cache-ram``):
+    a prompt that repeats an earlier conversation's restores its KV state instead of
+    evaluating it again (0: off; None: 8 GiB, or a quarter of the RAM if less).
     Raises :class:`~edgespec.errors.EdgespecError` with a readable reason on
     bad input (missing file, incompatible drafter, ...).
     """
@@ -51,6 +55,9 @@ def load(model: str | os.PathLike, draft: str | os.PathLike | None = None, backe
     draft = None if draft is None else os.fspath(draft)
     if draft_n_threads is not None and draft_n_threads < 1:
         raise EdgespecError(f"invalid --threads-draft {draft_n_threads}: must be >= 1")
+    if cache_ram is not None and (not isinstance(cache_ram, int) or cache_ram < 0):
+        raise EdgespecError(f"invalid --cache-ram {cache_ram!r}: MiB, an integer >= 0 (0 turns it off)")
+    prompt_cache = PromptCache((default_budget_mib() if cache_ram is None else cache_ram) * 2**20)
     options = BackendOptions(backend=backend, n_ctx=n_ctx, n_threads=n_threads,
                              n_gpu_layers=n_gpu_layers, flash_attn=flash_attn,
                              mlx_quantize=mlx_quantize, fetch=fetch, rpc=rpc or (), kernels=kernels)
@@ -65,7 +72,8 @@ def load(model: str | os.PathLike, draft: str | os.PathLike | None = None, backe
         # it); otherwise auto mode learns where to stop. The engine checks the pair first,
         # then (in auto mode) times it, the first time, through the caches it generates with.
         drafter = load_drafter(draft, draft_options, min_confidence=draft_p_min)
-        return Engine(target, drafter, num_draft=num_draft, planners=AutoPlanners())
+        return Engine(target, drafter, num_draft=num_draft, planners=AutoPlanners(),
+                      prompt_cache=prompt_cache)
     except BaseException:
         target.close()
         raise

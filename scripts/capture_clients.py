@@ -154,6 +154,52 @@ def run_aider(aider: str, job: dict, base: str, model: str) -> None:
         sys.stderr.write(result.stdout[-1500:] + result.stderr[-1500:])
 
 
+def run_aider_session(aider: str, job: dict, base: str, model: str) -> None:
+    """A user's session with aider: one edit after another on the same file, each
+    run restoring the chat history of the ones before (``--restore-chat-history``), so
+    aider sends its history summaries as side requests between the edits."""
+    with tempfile.TemporaryDirectory() as tmp:
+        name = source_name(job)
+        shutil.copy(JOBS / job["file"], Path(tmp) / name)
+        for message in job["messages"]:
+            command = [aider, "--model", f"openai/{model}", "--openai-api-base", base,
+                       "--openai-api-key", "none", "--edit-format", job["format"],
+                       "--message", message, "--yes-always", "--no-git", "--restore-chat-history",
+                       "--no-show-model-warnings", "--no-check-update", "--analytics-disable",
+                       "--no-auto-lint", "--no-auto-test", "--no-pretty", "--no-fancy-input",
+                       "--map-tokens", "0", name]
+            env = dict(os.environ, AIDER_CHECK_UPDATE="false")
+            result = subprocess.run(command, cwd=tmp, env=env, capture_output=True, text=True,
+                                    stdin=subprocess.DEVNULL, timeout=3600)
+            sys.stderr.write(result.stdout[-800:] + result.stderr[-800:])
+
+
+def run_chats(job: dict, base: str) -> None:
+    """Two conversations on the chat page, their turns alternating (a user switching
+    between tabs): the page sends each one's whole history, streamed."""
+    histories: list[list[dict]] = [[] for _ in job["conversations"]]
+    for turn in range(max(len(c["turns"]) for c in job["conversations"])):
+        for conversation, messages in zip(job["conversations"], histories):
+            if turn < len(conversation["turns"]):
+                text = conversation["turns"][turn]
+                content = text.replace("{file}", (JOBS / conversation["file"]).read_text())
+                messages.append({"role": "user", "content": content})
+                messages.append({"role": "assistant", "content": stream_reply(base, messages)})
+
+
+def stream_reply(base: str, messages: list[dict], **fields) -> str:
+    """Send a chat request as the page does (streamed) and return the reply's text."""
+    reply = []
+    with httpx.stream("POST", f"{base}/chat/completions", json={"messages": messages, "stream": True, **fields},
+                      timeout=3600) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                choices = json.loads(line[6:])["choices"]
+                if choices:
+                    reply.append(choices[0]["delta"].get("content") or "")
+    return "".join(reply)
+
+
 def source_name(job: dict) -> str:
     """The name of a job's file as the client sees it (stored with ``.txt`` added)."""
     return Path(job["file"]).name.removesuffix(".txt")
@@ -165,14 +211,7 @@ def run_chat(job: dict, base: str) -> None:
     for turn in job["turns"]:
         content = turn.replace("{file}", (JOBS / job["file"]).read_text()) if "file" in job else turn
         messages.append({"role": "user", "content": content})
-        reply = []
-        with httpx.stream("POST", f"{base}/chat/completions", json={"messages": messages, "stream": True},
-                          timeout=3600) as response:
-            for line in response.iter_lines():
-                if line.startswith("data: ") and line != "data: [DONE]":
-                    delta = json.loads(line[6:])["choices"][0]["delta"]
-                    reply.append(delta.get("content") or "")
-        messages.append({"role": "assistant", "content": "".join(reply)})
+        messages.append({"role": "assistant", "content": stream_reply(base, messages)})
 
 
 APPLY_SYSTEM = ("You apply code changes to files. You are given a file and a code block that "
@@ -182,17 +221,58 @@ APPLY_SYSTEM = ("You apply code changes to files. You are given a file and a cod
 
 
 def run_apply(job: dict, base: str) -> None:
-    """An editor's apply request: the file and the change, "rewrite the whole file"."""
+    """An editor's apply request: the file and the change, "rewrite the whole file";
+    with ``then``, a second change applied to the file the first one gave (its reply),
+    and with ``predict``, each request sends the file as its Predicted Output."""
     path, name = JOBS / job["file"], source_name(job)
     language = {".py": "python", ".js": "javascript"}.get(Path(name).suffix, "")
-    user = (f"This is the file {name}:\n\n```{language}\n{path.read_text()}```\n\n"
-            f"Apply this change to it:\n\n```{language}\n{job['change']}\n```\n\n"
-            f"Reply with the whole updated file.")
-    body = {"messages": [{"role": "system", "content": APPLY_SYSTEM}, {"role": "user", "content": user}],
-            "temperature": 0, "stream": True}
-    with httpx.stream("POST", f"{base}/chat/completions", json=body, timeout=3600) as response:
-        for _ in response.iter_lines():
-            pass
+    text = path.read_text()
+    for change in [job["change"], *job.get("then", [])]:
+        user = (f"This is the file {name}:\n\n```{language}\n{text}```\n\n"
+                f"Apply this change to it:\n\n```{language}\n{change}\n```\n\n"
+                f"Reply with the whole updated file.")
+        messages = [{"role": "system", "content": APPLY_SYSTEM}, {"role": "user", "content": user}]
+        fields = {"temperature": 0}
+        if job.get("predict"):
+            fields["prediction"] = {"type": "content", "content": f"```{language}\n{text}```"}
+        reply = stream_reply(base, messages, **fields)
+        block = reply.split("```")
+        text = block[1].split("\n", 1)[1] if len(block) >= 3 and "\n" in block[1] else text
+
+
+SESSION_SPLITS = {"tuning": "sessions", "validation": "sessions-val"}
+
+
+def capture_sessions(args) -> int:
+    """Each session job's requests, the exact bodies in the order the server got them
+    (side requests included), as one entry of ``edgespec/prompts/sessions*.json``."""
+    jobs = [j for j in json.loads((JOBS / "sessions.json").read_text()) if j["split"] == args.split]
+    if args.only:
+        jobs = [j for j in jobs if j["name"] in args.only.split(",")]
+    out = args.out or PROMPTS / f"{SESSION_SPLITS[args.split]}.json"
+    sessions = json.loads(out.read_text()) if out.exists() else []
+    sessions = [e for e in sessions if e["session"] not in {j["name"] for j in jobs}]
+    port = free_port()
+    server = start_server(args.model, port, args.ctx)
+    recorder = Recorder()
+    front = proxy(port, recorder)
+    base = f"http://127.0.0.1:{front.server_address[1]}/v1"
+    runs = {"aider-session": lambda job: run_aider_session(args.aider, job, base, args.model),
+            "chats": lambda job: run_chats(job, base), "apply": lambda job: run_apply(job, base)}
+    try:
+        for job in jobs:
+            start = time.time()
+            runs[job["client"]](job)
+            bodies = recorder.take()
+            print(f"{job['name']}: {len(bodies)} requests in {time.time() - start:.0f} s", file=sys.stderr)
+            sessions.append({"session": job["name"], "client": job["client"]
+                             + (f"-{job['format']}" if "format" in job else ""), "requests": bodies})
+            out.write_text(json.dumps(sessions, indent=1, ensure_ascii=False) + "\n")
+    finally:
+        front.shutdown()
+        server.terminate()
+        server.wait()
+    return 0
 
 
 def main() -> int:
@@ -203,7 +283,12 @@ def main() -> int:
     parser.add_argument("--ctx", type=int, default=8192)
     parser.add_argument("--only", default="", help="comma-separated job names (default: all)")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--sessions", action="store_true",
+                        help="capture whole sessions (client_jobs/sessions.json), their exact "
+                             "request bodies in order, for scripts/bench_sessions.py")
     args = parser.parse_args()
+    if args.sessions:
+        return capture_sessions(args)
 
     jobs = [j for j in json.loads((JOBS / "jobs.json").read_text()) if j["split"] == args.split]
     if args.only:

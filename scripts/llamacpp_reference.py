@@ -64,8 +64,27 @@ def build_rpc_server(log=print) -> Path:
     return binary
 
 
+def llama_server_path() -> Path:
+    """Where :func:`build_llama_server` puts ``llama-server``."""
+    return reference_bin_dir().parent.parent / "build-server" / "bin" / "llama-server"
+
+
+def build_llama_server(log=print) -> Path:
+    """Build ``llama-server`` (no web UI) from the llama.cpp llama-cpp-python vendors,
+    the peer a user would run instead of ``edgespec serve`` (about 8 minutes on 2
+    cores, once); return the binary."""
+    binary = llama_server_path()
+    if binary.exists():
+        return binary
+    log("building llama-server (cmake, no web UI)")
+    _cmake_build(reference_source(log), binary.parent.parent, ["llama-server"],
+                 "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF")
+    return binary
+
+
 def _cmake_build(source: Path, build: Path, targets, *flags: str) -> None:
-    """Configure a Release build of ``source`` in ``build`` and build ``targets``."""
+    """Configure a Release build of ``source`` in ``build`` and build ``targets``
+    (later ``flags`` win over the defaults here)."""
     subprocess.run(["cmake", "-S", str(source), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
                     "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF", *flags],
                    check=True, capture_output=True)

@@ -9,6 +9,7 @@ own model and context.
 
 from __future__ import annotations
 
+import ctypes
 import os
 from typing import Sequence
 
@@ -20,6 +21,11 @@ from ..core.backend import BackendFacts, TokenizerMethods, check_forward, closed
 from .gguf_tokenizer import GGUFTokenizer
 from .kernels import EXACT, EXACT_KV_CACHE, kernel_mode, probe
 from .llama_lib import Log, check_gguf_file, free_model, llama, load_model, physical_core_count
+
+def _bytes(array: np.ndarray):
+    """A uint8 numpy array as the ``uint8_t *`` llama.cpp's state functions take."""
+    return array.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+
 
 class LlamaCppBackend(TokenizerMethods, BackendFacts, HostVerify):
     """A GGUF model on llama.cpp, behind the :class:`~edgespec.core.backend.Backend` protocol."""
@@ -147,6 +153,28 @@ class LlamaCppBackend(TokenizerMethods, BackendFacts, HostVerify):
                 f"{self.name} cannot rewind its cache (recurrent or sliding-window memory): "
                 f"speculative decoding needs a model whose KV cache can be trimmed")
         self._n_past = min(self._n_past, n_past)
+
+    def save_state(self) -> np.ndarray | None:
+        """The KV cache's contents (sequence 0, as ``llama_state_seq_get_data`` writes
+        it: its cells, positions and K/V rows) in host memory; None if llama.cpp
+        cannot write them."""
+        if not self._ctx:
+            raise closed_error(self.name)
+        size = llama.llama_state_seq_get_size(self._ctx, 0)
+        state = np.empty(size, dtype=np.uint8)
+        written = llama.llama_state_seq_get_data(self._ctx, _bytes(state), size, 0) if size else 0
+        return state[:written] if written else None
+
+    def load_state(self, state: np.ndarray) -> None:
+        """Replace the KV cache's contents with a :meth:`save_state` copy."""
+        if not self._ctx:
+            raise closed_error(self.name)
+        llama.llama_memory_seq_rm(self._memory, 0, 0, -1)
+        self._n_past = 0
+        if not llama.llama_state_seq_set_data(self._ctx, _bytes(state), state.nbytes, 0):
+            llama.llama_memory_seq_rm(self._memory, 0, 0, -1)
+            raise EdgespecError(f"{self.name} refused a saved state (another model or context size)")
+        self._n_past = llama.llama_memory_seq_pos_max(self._memory, 0) + 1
 
     @property
     def memory_bytes(self) -> int:

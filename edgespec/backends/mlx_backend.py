@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -31,6 +32,15 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
         "pip install 'mlx[cpu]' mlx-lm on Linux") from exc
 
 _PREFILL_CHUNK = 512
+
+
+@dataclass
+class MlxState:
+    """A saved MLX cache: each layer's (keys, values) over ``n_past`` positions."""
+
+    arrays: list
+    n_past: int
+    nbytes: int
 
 
 class MlxBackend(TokenizerMethods, BackendFacts):
@@ -134,6 +144,31 @@ class MlxBackend(TokenizerMethods, BackendFacts):
         from .mlx_ops import verify_on_device
         return verify_on_device(logits, draft_token_ids, draft_probs, params, rng, draft_scales=draft_scales,
                                 position=position)
+
+    def save_state(self) -> "MlxState | None":
+        """Each layer's keys and values up to the cache's offset (MLX copies them on
+        the next write to the cache, so the arrays kept here never change); None for
+        caches other than mlx-lm's plain ``KVCache``."""
+        if self.model is None:
+            raise closed_error(self.name)
+        if any(type(c).__name__ != "KVCache" for c in self.cache) or self._n_past == 0:
+            return None
+        arrays = [(c.keys[..., :c.offset, :], c.values[..., :c.offset, :]) for c in self.cache]
+        mx.eval(arrays)
+        return MlxState(arrays, self._n_past, sum(k.nbytes + v.nbytes for k, v in arrays))
+
+    def load_state(self, state: "MlxState") -> None:
+        """Replace the cache with a :meth:`save_state` copy (written into fresh caches
+        through their own ``update_and_fetch``, so the saved arrays stay as they are)."""
+        if self.model is None:
+            raise closed_error(self.name)
+        if not isinstance(state, MlxState) or len(state.arrays) != len(self.cache):
+            raise EdgespecError(f"{self.name} refused a saved state (another model)")
+        cache = make_prompt_cache(self.model)
+        for layer, (keys, values) in zip(cache, state.arrays):
+            layer.update_and_fetch(keys, values)
+        mx.eval([c.state for c in cache])
+        self.cache, self._n_past = cache, state.n_past
 
     @property
     def memory_bytes(self) -> int:

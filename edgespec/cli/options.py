@@ -56,6 +56,11 @@ def add_model_options(parser: argparse.ArgumentParser, *, model_required: bool =
     parser.add_argument("-td", "--threads-draft", type=int, default=None,
                         help="CPU threads of the draft model (default: as --threads)")
     parser.add_argument("--ctx", type=int, default=4096, help="context size in tokens")
+    parser.add_argument("--cache-ram", type=int, default=None, metavar="MiB",
+                        help="host RAM for saved prompts: a prompt that repeats an earlier "
+                             "conversation (a client's next edit after a side request) restores "
+                             "its KV state instead of evaluating it (0: off; default: 8192, or a "
+                             "quarter of the RAM if less)")
     parser.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto")
     parser.add_argument("--kernels", choices=("exact", "fast"), default=None,
                         help="'exact': verify passes that round as one-token steps (llama.cpp "
@@ -147,7 +152,7 @@ def build_engine(args, *, fetch: bool = False):
                 n_threads=o.n_threads, n_gpu_layers=o.n_gpu_layers, flash_attn=o.flash_attn,
                 draft_n_threads=args.threads_draft, draft_n_gpu_layers=args.n_gpu_layers_draft,
                 mlx_quantize=o.mlx_quantize, fetch=fetch, rpc=args.rpc, draft_rpc=args.rpc_draft,
-                kernels=o.kernels)
+                kernels=o.kernels, cache_ram=args.cache_ram)
 
 
 def writable(path: str, flag: str) -> str:

@@ -86,6 +86,13 @@ class Backend(Protocol):
 
     def chat_template(self) -> str | None: ...  # its Jinja chat template (None: none)
 
+    # The KV cache's contents as a copy in host memory (anything with ``nbytes``), or
+    # None where the backend cannot save it; ``load_state`` puts such a copy back (the
+    # cache then holds what it held when saved) or raises EdgespecError.
+    def save_state(self) -> object | None: ...
+
+    def load_state(self, state: object) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -118,6 +125,14 @@ class BackendFacts:
     def chat_template(self) -> str | None:
         """The model's Jinja chat template (None: it has none; ChatML is used)."""
         return None
+
+    def save_state(self) -> object | None:
+        """No saved states: its prompts are not kept in a prompt cache."""
+        return None
+
+    def load_state(self, state: object) -> None:
+        from ..errors import EdgespecError
+        raise EdgespecError(f"{self.name} cannot restore a saved state")
 
 
 class TokenizerMethods:

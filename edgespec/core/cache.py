@@ -6,7 +6,11 @@ from typing import Sequence
 
 import numpy as np
 
+from ..errors import EdgespecError
 from .backend import Backend, logits_on_device
+from .prompt_cache import PromptCache, common_prefix_length
+
+__all__ = ["CachedModel", "common_prefix_length"]
 
 
 class CachedModel:
@@ -18,9 +22,14 @@ class CachedModel:
     cache is rewound to what it held before, so it never holds unknown tokens.
     """
 
-    def __init__(self, backend: Backend):
+    def __init__(self, backend: Backend, prompt_cache: PromptCache | None = None):
         self.backend = backend
         self.tokens: list[int] = []
+        # Where the conversations this cache drops are kept for later (None: nowhere).
+        self.prompt_cache = prompt_cache
+        # A saved state is restored only into a cache of the same model and context.
+        self.key = f"{backend.name}|{backend.path}|{backend.n_ctx}|{backend.bit_exact}"
+        self.restores = 0  # states restored so far (what was computed after the old one is void)
         backend.rewind(0)
 
     def forward(self, token_ids: Sequence[int], *, last_only: bool = False,
@@ -60,6 +69,62 @@ class CachedModel:
         self.backend.rewind(n_past)
         del self.tokens[n_past:]
 
+    def reuse(self, context: Sequence[int]) -> tuple[int, int]:
+        """For a new prompt: keep the longest prefix of ``context`` there is without
+        evaluating anything, and rewind to it. Returns ``(tokens kept, of which
+        restored from the prompt cache)``.
+
+        With a :attr:`prompt_cache`, a cache about to drop a long conversation saves
+        it first, and a saved state that shares a longer prefix of ``context`` than
+        the cache does is restored. Short differences (a turn's template tokens, a
+        round's rejected drafts) cost no lookup.
+        """
+        common = common_prefix_length(self.tokens, context)
+        saved, restored = self.prompt_cache, 0
+        if saved is not None and saved.enabled and (
+                len(context) - common >= saved.min_tokens or len(self.tokens) - common >= saved.min_tokens):
+            entry, matched = saved.best(self.key, context)
+            if len(self.tokens) - common >= saved.min_tokens:
+                self.keep()  # (before the state is replaced or trimmed)
+            if entry is not None and matched >= common + saved.min_tokens:
+                if self._restore(entry):
+                    common = restored = matched
+                    saved.looked_up(entry, matched)
+                else:
+                    common = 0
+                    saved.looked_up(None)
+            elif len(context) - common >= saved.min_tokens:
+                saved.looked_up(None)
+        self.rewind(common)
+        return common, restored
+
+    def keep(self) -> bool:
+        """Save what the cache holds to the prompt cache (unless a saved state already
+        holds it, or it is too short to be worth it); whether it was saved."""
+        saved = self.prompt_cache
+        if saved is None or not saved.enabled or len(self.tokens) < saved.min_tokens \
+                or self.backend.n_past != len(self.tokens) or saved.holds(self.key, self.tokens):
+            return False
+        state = self.backend.save_state()
+        return state is not None and saved.save(self.key, self.tokens, state, state.nbytes)
+
+    def _restore(self, entry) -> bool:
+        """Put ``entry``'s state in the backend; False (the cache emptied) if it refuses."""
+        if entry.model != self.key:
+            raise EdgespecError(f"a saved state of {entry.model.split('|')[0]} cannot be restored "
+                                f"into {self.backend.name}: it is another model or context size")
+        try:
+            self.backend.load_state(entry.state)
+        except EdgespecError:
+            self.rewind(0)
+            return False
+        except BaseException:  # interrupted mid-copy: whatever is there is unknown
+            self.rewind(0)
+            raise
+        self.tokens = list(entry.tokens)
+        self.restores += 1
+        return True
+
     def record(self, token_ids: Sequence[int]) -> None:
         """The backend evaluated ``token_ids`` lazily, outside :meth:`forward`
         (a device draft loop); now that their ids are known, note them."""
@@ -82,25 +147,3 @@ class CachedModel:
             return None, 0
         logits = self.forward(missing, last_only=True, on_device=on_device)
         return logits[-1], len(missing)
-
-
-def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two token lists."""
-    a, b = _as_list(a), _as_list(b)
-    n = min(len(a), len(b))
-    # Fast path: the usual case is that one list extends the other (slices of lists
-    # compare at C speed; this runs a few times per round over the whole context).
-    if (a if len(a) == n else a[:n]) == (b if len(b) == n else b[:n]):
-        return n
-    lo, hi = 0, n  # invariant: a[:lo] == b[:lo], a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
-def _as_list(tokens: Sequence[int]) -> list[int]:
-    return tokens if isinstance(tokens, list) else list(tokens)

@@ -38,6 +38,7 @@ from .draft import Draft, Drafter
 from .generation import Chunk, Committed, Generation, Run, collect, sampling_from, stream_text
 from .planner import (DraftingRound, FixedPlanners, Planner, Planners, RoundResult, check_num_draft,
                       draft_round)
+from .prompt_cache import PromptCache
 from .prompting import chat_prompt_ids, prompt_ids
 from .sampling import SamplingParams, Scratch, make_rng
 from .shaping import Shaping, token_logprobs
@@ -64,10 +65,15 @@ class Engine:
 
     def __init__(self, target: Backend | CachedModel, drafter: Drafter | None = None, *,
                  num_draft: int | str = 4, planner: Planner | None = None,
-                 planners: Planners | None = None,
+                 planners: Planners | None = None, prompt_cache: PromptCache | None = None,
                  clock: Callable[[], float] = time.perf_counter):
         # The cache generations run through (the planners' timing too, so it stays true).
         self.target_cache = target if isinstance(target, CachedModel) else CachedModel(target)
+        # Where the conversations the models' caches drop are kept (the target's, every
+        # draft model's): a prompt that repeats one restores it instead of evaluating it.
+        self.prompt_cache = prompt_cache
+        if prompt_cache is not None:
+            self.target_cache.prompt_cache = prompt_cache
         self.target = self.target_cache.backend
         self._clock = clock  # what times passes (tests give toy models a simulated one)
         self._scratch = Scratch()  # the target's rows on the host, reused every round
@@ -122,6 +128,8 @@ class Engine:
         """Check ``drafter`` against the target once (a draft model's vocabulary)."""
         if drafter is not None and self._attached.get(id(drafter)) is not drafter:
             drafter.attach(self.target)
+            if isinstance(drafter.cache, CachedModel) and drafter.cache.prompt_cache is None:
+                drafter.cache.prompt_cache = self.prompt_cache
             self._attached[id(drafter)] = drafter
 
     @property
@@ -287,6 +295,9 @@ class Engine:
             if not self._prefill(run):
                 return
             if run.speculative:
+                for drafter in planner.drafters:  # a draft model's saved state of this prompt
+                    if isinstance(drafter.cache, CachedModel):
+                        drafter.cache.reuse(ctx)
                 stats.draft_prompt_eval_tokens = sum(d.prefill(ctx) for d in planner.drafters)
                 planner.begin(ctx)
             decode_start = self._clock()
@@ -323,8 +334,7 @@ class Engine:
         """Evaluate the prompt but its last token into the target's cache, in
         chunks between which a cancel is seen; False if cancelled."""
         prompt = run.context[:-1]
-        done = common_prefix_length(self.target_cache.tokens, prompt)
-        self.target_cache.rewind(done)
+        done, run.stats.prompt_restored_tokens = self.target_cache.reuse(prompt)
         while done < len(prompt):
             if run.cancelled.is_set():
                 run.finish_reason = "cancelled"

@@ -19,6 +19,7 @@ class GenerationStats:
     prompt_tokens: int = 0
     prompt_eval_tokens: int = 0  # target tokens evaluated to prefill (cache reuse makes it small)
     draft_prompt_eval_tokens: int = 0
+    prompt_restored_tokens: int = 0  # of the cached ones: restored from the prompt cache in RAM
     generated_tokens: int = 0
     rounds: int = 0
     plain_steps: int = 0

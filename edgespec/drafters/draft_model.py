@@ -36,6 +36,7 @@ class DraftModel(DrafterBase):
         # distribution before sampling, so proposals stay exactly distributed as q.
         self.min_confidence = min_confidence
         self._next_logits: np.ndarray | None = None  # [V] after the cached tokens
+        self._logits_at = 0  # the cache's restores when they were computed (a restore voids them)
         # q of each draft on the host: a draft's probs are read until it is verified,
         # and the next proposal overwrites them.
         self._scratch = Scratch()
@@ -59,14 +60,15 @@ class DraftModel(DrafterBase):
         """
         if self.backend.n_past != len(self.cache.tokens):
             self.reset()  # the model ran outside this cache (a cost calibration): start afresh
-        if self._next_logits is not None and len(self.cache.tokens) == len(context) \
+        if self._next_logits is not None and self._logits_at == self.cache.restores \
+                and len(self.cache.tokens) == len(context) \
                 and common_prefix_length(self.cache.tokens, context) == len(context):
             return 0
         self._next_logits = None
         if not self._can_read(context):
             return 0
         logits, evaluated = self.cache.sync(context, need_logits=True, on_device=self.cache.on_device())
-        self._next_logits = logits
+        self._next_logits, self._logits_at = logits, self.cache.restores
         return evaluated
 
     kind = MODEL

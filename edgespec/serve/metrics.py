@@ -19,6 +19,7 @@ from typing import Callable
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from ..core.prompt_cache import PromptCacheStats
 from ..core.stats import GenerationStats
 
 # The text format llama-server's /metrics declares (what generate_latest writes).
@@ -51,11 +52,16 @@ class Metrics:
     each scrape.
     """
 
-    def __init__(self, load: Callable[[], tuple[int, int]]):
+    def __init__(self, load: Callable[[], tuple[int, int]],
+                 prompt_cache: Callable[[], PromptCacheStats | None] = lambda: None):
         self._load = load
+        self._prompt_cache = prompt_cache
         self._lock = threading.Lock()  # generations finish in the worker thread
         self.totals = dict.fromkeys(TOTALS, 0.0)
         self.per_drafter: dict[str, dict[str, int]] = {name: {} for name in PER_DRAFTER}
+        self.rounds = 0
+        self.drafted_per_position: list[int] = []
+        self.accepted_per_position: list[int] = []
         self.finished: dict[str, int] = {}  # generations, by finish reason
         self.n_tokens_max = 0
         self.registry = CollectorRegistry(auto_describe=True)
@@ -82,6 +88,12 @@ class Metrics:
                                 ("accepted", stats.accepted_per_drafter)):
                 for drafter, n in tally.items():
                     self.per_drafter[name][drafter] = self.per_drafter[name].get(drafter, 0) + n
+            self.rounds += stats.rounds
+            for tally, counts in ((self.drafted_per_position, stats.drafted_per_position),
+                                  (self.accepted_per_position, stats.accepted_per_position)):
+                tally.extend([0] * (len(counts) - len(tally)))
+                for i, n in enumerate(counts):
+                    tally[i] += n
             self.finished[reason] = self.finished.get(reason, 0) + 1
             self.n_tokens_max = max(self.n_tokens_max, stats.prompt_tokens + stats.generated_tokens)
 
@@ -90,8 +102,11 @@ class Metrics:
         with self._lock:
             totals, per_drafter = dict(self.totals), {k: dict(v) for k, v in self.per_drafter.items()}
             finished, n_tokens_max = dict(self.finished), self.n_tokens_max
+            rounds, accepted_at = self.rounds, list(self.accepted_per_position)
         for key, (name, text) in TOTALS.items():
             yield CounterMetricFamily(name, text, value=totals[key])
+        yield from self._speculation(rounds, totals, accepted_at)
+        yield from self._saved_prompts()
         for key, (name, text) in PER_DRAFTER.items():
             family = CounterMetricFamily(name, text, labels=["drafter"])
             for drafter, n in sorted(per_drafter[key].items()):
@@ -113,6 +128,38 @@ class Metrics:
                 ("n_tokens_max", "Largest observed n_tokens.", n_tokens_max)):
             yield GaugeMetricFamily(f"llamacpp:{name}", text, value=value)
 
+    @staticmethod
+    def _speculation(rounds: int, totals: dict, accepted_at: list[int]):
+        """Speculation's counters under the names vLLM and llama-server share."""
+        yield CounterMetricFamily("edgespec:spec_decode_num_drafts", "Draft rounds verified.", value=rounds)
+        yield CounterMetricFamily("edgespec:spec_decode_num_draft_tokens", "Draft tokens proposed.",
+                                  value=totals["drafted"])
+        yield CounterMetricFamily("edgespec:spec_decode_num_accepted_tokens", "Draft tokens accepted.",
+                                  value=totals["accepted"])
+        family = CounterMetricFamily("edgespec:spec_decode_num_accepted_tokens_per_pos",
+                                     "Draft tokens accepted, by position in the draft.",
+                                     labels=["position"])
+        for position, n in enumerate(accepted_at):
+            family.add_metric([str(position)], n)
+        yield family
+
+    def _saved_prompts(self):
+        """The prompt cache's counters (none when the server has no prompt cache)."""
+        stats = self._prompt_cache()
+        if stats is None:
+            return
+        for name, text, value in (
+                ("hits", "Prompts that restored a saved KV state.", stats.hits),
+                ("misses", "Prompts that found no saved state sharing enough of them.", stats.misses),
+                ("evictions", "Saved states dropped for room.", stats.evictions),
+                ("restored_tokens", "Prompt tokens restored instead of evaluated.",
+                 stats.restored_tokens)):
+            yield CounterMetricFamily(f"edgespec:prompt_cache_{name}", text, value=value)
+        yield GaugeMetricFamily("edgespec:prompt_cache_bytes", "Bytes of saved KV states held.",
+                                value=stats.bytes)
+        yield GaugeMetricFamily("edgespec:prompt_cache_states", "Saved KV states held.",
+                                value=stats.entries)
+
     def exposition(self) -> bytes:
         """The text ``GET /metrics`` answers."""
         return generate_latest(self.registry)
@@ -125,8 +172,11 @@ def _rate(tokens: float, seconds: float) -> float:
 def log_generation(kind: str, reason: str, stats: GenerationStats) -> None:
     """One line per finished generation, as llama-server prints its timings."""
     rate = f"{stats.acceptance_rate:.0%}" if stats.drafted else "-"
-    log.info("%s: prompt %d tokens (%d cached, %d evaluated at %.1f tok/s), decode %d tokens "
+    log.info("%s: prompt %d tokens (%d cached: %d in the KV cache, %d restored from RAM; "
+             "%d evaluated at %.1f tok/s), decode %d tokens "
              "at %.1f tok/s, drafted %d, accepted %d (%s), drafter %s, finish %s",
-             kind, stats.prompt_tokens, stats.cached_prompt_tokens, stats.prompt_eval_tokens,
+             kind, stats.prompt_tokens, stats.cached_prompt_tokens,
+             stats.cached_prompt_tokens - stats.prompt_restored_tokens, stats.prompt_restored_tokens,
+             stats.prompt_eval_tokens,
              stats.prefill_tokens_per_second, stats.generated_tokens, stats.tokens_per_second,
              stats.drafted, stats.accepted, rate, stats.drafter, reason)

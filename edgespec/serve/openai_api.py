@@ -239,7 +239,8 @@ def usage(stats: GenerationStats, request: Request | None = None) -> dict:
     """OpenAI's usage; with a prediction, how many of its tokens the reply kept
     (accepted drafts from it) and how many it drafted that the reply did not."""
     out = {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.generated_tokens,
-           "total_tokens": stats.prompt_tokens + stats.generated_tokens}
+           "total_tokens": stats.prompt_tokens + stats.generated_tokens,
+           "prompt_tokens_details": {"cached_tokens": stats.cached_prompt_tokens}}
     if request is not None and request.extras.prediction is not None:
         accepted = stats.accepted_per_drafter.get("prediction", 0)
         out["completion_tokens_details"] = {
@@ -254,6 +255,7 @@ def timings(stats: GenerationStats) -> dict:
     predicted_ms = stats.decode_time_s * 1000
     prompt_ms = stats.prefill_time_s * 1000
     return {"cache_n": stats.cached_prompt_tokens,
+            "cache_restored_n": stats.prompt_restored_tokens,  # of cache_n: from the prompt cache
             "prompt_n": stats.prompt_eval_tokens, "prompt_ms": prompt_ms,
             "prompt_per_second": stats.prefill_tokens_per_second,
             "predicted_n": stats.generated_tokens, "predicted_ms": predicted_ms,

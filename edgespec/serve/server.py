@@ -97,7 +97,8 @@ class Server:
         # (finish reason, stats) of the latest generations, cancelled ones too.
         self.finished: collections.deque = collections.deque(maxlen=64)
         self.metrics = Metrics(lambda: (int(bool(self.turns and self.turns.busy)),
-                                        self.turns.waiting if self.turns else 0))
+                                        self.turns.waiting if self.turns else 0),
+                               lambda: engine.prompt_cache.stats() if engine.prompt_cache else None)
 
     # -- one request --------------------------------------------------------------------
 

@@ -1,0 +1,186 @@
+"""How long a user waits over whole client sessions: edgespec serve vs llama-server.
+
+Replays captured sessions (``edgespec/prompts/sessions.json``, the tuning split, and
+``sessions-val.json``, the validation split, written by ``scripts/capture_clients.py
+--sessions`` before any tuning): each request's exact body, in order, to a fresh
+server, streamed. The servers, in an order that alternates from round to round:
+
+- ``edgespec``: ``edgespec serve`` with its defaults;
+- ``llama``: llama-server with its defaults;
+- ``llama-spec``: llama-server ``--spec-default``;
+- ``llama-ngram``: llama-server ``--spec-type ngram-map-k --cache-reuse 256``.
+
+llama-server is built from the llama.cpp that llama-cpp-python vendors
+(``scripts/llamacpp_reference.py``), and both load the same GGUF file. Per request:
+wall time, time to first token, prompt tokens evaluated and cached (both servers
+report them in ``timings``), decode tok/s. Per session: the total. The summary is
+edgespec's session time over the best llama-server setting's, per session and as a
+geometric mean, min–max over the rounds.
+
+    python scripts/bench_sessions.py --split validation --rounds 2 --json bench-out/sessions.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).parent))
+from llamacpp_reference import build_llama_server  # noqa: E402
+
+PROMPTS = Path(__file__).parent.parent / "edgespec" / "prompts"
+SPLITS = {"tuning": "sessions", "validation": "sessions-val"}
+LLAMA_SERVERS = {"llama": [], "llama-spec": ["--spec-default"],
+                 "llama-ngram": ["--spec-type", "ngram-map-k", "--cache-reuse", "256"]}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(server: str, model: Path, port: int, args) -> subprocess.Popen:
+    """A fresh server on ``port``, ready (its /health answers 200)."""
+    if server == "edgespec":
+        command = [sys.executable, "-m", "edgespec", "serve", "-m", str(model), "--port", str(port),
+                   "--ctx", str(args.ctx), *args.edgespec_args.split()]
+    else:
+        command = [str(args.llama_server), "-m", str(model), "--port", str(port), "-c", str(args.ctx),
+                   "-t", str(args.threads), "--no-webui", *LLAMA_SERVERS[server]]
+    log = open(Path(args.logs) / f"{server}-{port}.log", "w") if args.logs else subprocess.DEVNULL
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.time() + 600
+    while time.time() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{server} exited with {process.returncode}: {' '.join(command)}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return process
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    process.kill()
+    raise RuntimeError(f"{server} did not start in 10 minutes")
+
+
+def send(port: int, body: dict) -> dict:
+    """One request, streamed; what the user waited for and what the server says it did."""
+    body = dict(body, stream=True)
+    start = time.perf_counter()
+    first, timings, text = None, {}, []
+    with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=body,
+                      timeout=3600) as response:
+        if response.status_code != 200:
+            response.read()
+            raise RuntimeError(f"{response.status_code}: {response.text[:300]}")
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            data = json.loads(line[6:])
+            for choice in data.get("choices") or []:
+                delta = choice.get("delta") or {}
+                if first is None and (delta.get("content") or delta.get("tool_calls")):
+                    first = time.perf_counter()
+                text.append(delta.get("content") or "")
+            timings = data.get("timings") or timings
+    wall = time.perf_counter() - start
+    return {"wall_s": wall, "ttft_s": (first or time.perf_counter()) - start,
+            "prompt_evaluated": timings.get("prompt_n"), "prompt_cached": timings.get("cache_n"),
+            "decode_tok_s": timings.get("predicted_per_second"), "reply_tokens": timings.get("predicted_n"),
+            "reply_chars": len("".join(text))}
+
+
+def replay(server: str, session: dict, model: Path, args) -> list[dict]:
+    """The session's requests, in order, on a fresh ``server``."""
+    port = free_port()
+    process = start(server, model, port, args)
+    try:
+        return [send(port, body) for body in session["requests"]]
+    finally:
+        process.terminate()
+        process.wait()
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--split", choices=SPLITS, default="validation")
+    parser.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
+    parser.add_argument("--servers", default="edgespec,llama,llama-spec,llama-ngram")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--only", default="", help="comma-separated session names")
+    parser.add_argument("--requests", type=int, default=0, help="replay only the first N of each")
+    parser.add_argument("--ctx", type=int, default=8192)
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--edgespec-args", default="", help="more flags for edgespec serve")
+    parser.add_argument("--logs", default=None, help="a folder for the servers' logs")
+    parser.add_argument("--json")
+    args = parser.parse_args()
+
+    from edgespec.models.catalog import resolve_model
+    model = resolve_model(args.model, fetch=True)
+    servers = args.servers.split(",")
+    if any(s != "edgespec" for s in servers):
+        args.llama_server = build_llama_server(log=lambda m: print(m, file=sys.stderr))
+    sessions = json.loads((PROMPTS / f"{SPLITS[args.split]}.json").read_text())
+    if args.only:
+        sessions = [s for s in sessions if s["session"] in args.only.split(",")]
+    if args.requests:
+        sessions = [dict(s, requests=s["requests"][:args.requests]) for s in sessions]
+    if args.logs:
+        Path(args.logs).mkdir(parents=True, exist_ok=True)
+
+    results: dict[str, dict[str, list[list[dict]]]] = {}
+    for round_ in range(args.rounds):
+        order = servers if round_ % 2 == 0 else servers[::-1]
+        for session in sessions:
+            for server in order:
+                rows = replay(server, session, model, args)
+                results.setdefault(session["session"], {}).setdefault(server, []).append(rows)
+                total = sum(r["wall_s"] for r in rows)
+                print(f"round {round_ + 1} {session['session']:28} {server:12} {total:7.1f} s  "
+                      + " ".join(f"{r['wall_s']:.1f}({r['prompt_evaluated']}/{r['prompt_cached']})"
+                                 for r in rows), file=sys.stderr, flush=True)
+    report(results, servers)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"split": args.split, "model": args.model,
+                                               "servers": servers, "results": results}, indent=1))
+    return 0
+
+
+def report(results: dict, servers: list[str]) -> None:
+    """Per session: each server's total (mean, min–max over rounds); edgespec over
+    the best llama-server setting; then per request, the worst ratio."""
+    llamas = [s for s in servers if s != "edgespec"]
+    print("| session | " + " | ".join(servers) + " | edgespec / best llama-server |")
+    print("|---" * (len(servers) + 2) + "|")
+    ratios = []
+    for name, by_server in results.items():
+        totals = {s: [sum(r["wall_s"] for r in rows) for rows in runs] for s, runs in by_server.items()}
+        cells = [f"{sum(t) / len(t):.1f} ({min(t):.1f}–{max(t):.1f})" for t in (totals[s] for s in servers)]
+        ratio = ""
+        if "edgespec" in totals and llamas:
+            best = min(llamas, key=lambda s: sum(totals[s]))
+            per_round = [e / b for e, b in zip(totals["edgespec"], totals[best])]
+            ratios.append(sum(totals["edgespec"]) / sum(totals[best]))
+            ratio = f"{ratios[-1]:.2f} ({min(per_round):.2f}–{max(per_round):.2f}) vs {best}"
+        print(f"| {name} | " + " | ".join(cells) + f" | {ratio} |")
+    if ratios:
+        print(f"\ngeometric mean, edgespec / best llama-server: {geomean(ratios):.2f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
