@@ -28,6 +28,7 @@ from greedy import NEAR_TIE, first_difference
 PROMPT = [0, 1, 2, 0, 1]
 
 
+@pytest.mark.slow
 def test_the_race_draws_each_id_with_its_probability():
     """100,000 seeds at one position, over 3000 ids (three blocks of the first round)."""
     rng = np.random.default_rng(0)
@@ -66,7 +67,8 @@ def toy_pair():
     return target, target.perturbed(noise=1.0, seed=2)
 
 
-@pytest.mark.parametrize("drafter", [pytest.param("model", marks=pytest.mark.slow), "lookup"])
+@pytest.mark.slow
+@pytest.mark.parametrize("drafter", ["model", "lookup"])
 def test_seed_invariant_sampling_is_exact_on_the_toy(drafter):
     target, draft = toy_pair()
     params = SamplingParams(temperature=1.0, top_k=6, invariant=True)
@@ -121,7 +123,8 @@ def test_seed_invariant_sampling_is_exact_on_llamacpp(tiny_gguf_pair):
                                SamplingParams(temperature=1.0, top_k=6, invariant=True), 3000, seed=22)
 
 
-# The mixed pair runs with -m slow (a minute on a 2-core CPU).
+# With -m slow (a minute or more on a 2-core CPU).
+@pytest.mark.slow
 @pytest.mark.parametrize("target_backend, draft_backend", [
     ("mlx", "mlx"), pytest.param("llama.cpp", "mlx", marks=pytest.mark.slow)])
 def test_seed_invariant_sampling_is_exact_with_mlx(tiny_gguf_pair, target_backend, draft_backend):

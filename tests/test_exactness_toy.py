@@ -34,6 +34,7 @@ def pvalue_through_engine(engine, target, params, seed):
     return chi_square_pvalue(counts, expected), totals
 
 
+@pytest.mark.slow
 def test_draft_model_at_temperature_1_matches_target():
     target = toy_target()
     engine = Engine(target, DraftModel(target.perturbed(noise=1.0, seed=2)), num_draft=3)

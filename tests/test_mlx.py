@@ -104,11 +104,12 @@ def exactness_pair(tmp_path_factory):
 # MLX drafting for MLX with a confidence stop (0.4) covers the MLX-only pair in the
 # default run; without the stop it runs with -m slow (30 s each on a 2-core CPU).
 @pytest.mark.parametrize("target_backend, draft_backend, p_min", [
-    # (the default suite keeps the MLX target; MLX drafting is also tested there by
-    # test_coupling's seed-invariant MLX pair and the host-sync test below)
+    # (the default suite keeps the MLX target; MLX drafting runs there in the host-sync
+    # test below, and its chi-square with -m slow)
     pytest.param("mlx", "mlx", 0.0, marks=pytest.mark.slow),
     pytest.param("llama.cpp", "mlx", 0.0, marks=pytest.mark.slow),
-    ("mlx", "llama.cpp", 0.0), pytest.param("mlx", "mlx", 0.4, marks=pytest.mark.slow)])
+    ("mlx", "llama.cpp", 0.0),
+    pytest.param("mlx", "mlx", 0.4, marks=pytest.mark.slow)])
 def test_statistical_exactness_with_mlx(exactness_pair, target_backend, draft_backend, p_min):
     """Chi-square at significance 0.001, fixed seed, 3000 samples of 3 tokens; with
     ``p_min`` the draft model stops below that confidence (on MLX: decided on the
@@ -168,9 +169,9 @@ def smollm2_on_both(smollm2_path):
     return LlamaCppBackend(smollm2_path, n_ctx=512), mlx(smollm2_path, 512)
 
 
-# One prompt in the default run (about 20 s of MLX on a 2-core CPU), all six with -m slow.
-@pytest.mark.parametrize("prompt", SMOLLM_PROMPTS[:1] + [
-    pytest.param(p, marks=pytest.mark.slow) for p in SMOLLM_PROMPTS[1:]])
+# With -m slow (about 20 s of MLX on a 2-core CPU per prompt).
+@pytest.mark.slow
+@pytest.mark.parametrize("prompt", SMOLLM_PROMPTS)
 def test_smollm2_q4_1_greedy_agrees_across_backends_up_to_near_ties(smollm2_on_both, prompt):
     """The same Q4_1 file on both backends: greedy choices (32 tokens) agree wherever
     llama.cpp (the reference) has no near-tie between its two best tokens. Checked at

@@ -35,6 +35,7 @@ def chat(served, **fields):
     return served.client().chat.completions.create(model=served.settings.model_names[0], temperature=0, **fields)
 
 
+@pytest.mark.slow
 def test_twenty_json_schemas_each_give_valid_json(served):
     valid = 0
     for i, (what, schema) in enumerate(SCHEMAS):

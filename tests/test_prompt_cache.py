@@ -162,7 +162,7 @@ def _prompts(engine):
     return a1, side
 
 
-@pytest.mark.parametrize("kernels", ["exact", "fast"])
+@pytest.mark.parametrize("kernels", ["exact", pytest.param("fast", marks=pytest.mark.slow)])
 def test_the_follow_up_after_a_side_request_restores_its_prompt(smollm2_path, kernels):
     engine = edgespec.load(smollm2_path, draft="lookup", num_draft=4, n_ctx=2048, kernels=kernels,
                            cache_ram=512)

@@ -190,7 +190,8 @@ def test_a_log_line_per_request(served, caplog):
     t = reply["timings"]
     lines = [r.getMessage() for r in caplog.records if r.name == "edgespec.serve.server"]
     assert any(line.startswith(f"completion: prompt {reply['tokens_evaluated']} tokens "
-                               f"({t['cache_n']} cached, {t['prompt_n']} evaluated")
+                               f"({t['cache_n']} cached: {t['cache_n'] - t['cache_restored_n']} in the "
+                               f"KV cache, {t['cache_restored_n']} restored from RAM; {t['prompt_n']} evaluated")
                and f"decode {t['predicted_n']} tokens" in line
                and f"drafted {t['draft_n']}, accepted {t['draft_n_accepted']}" in line
                and "drafter lookup, finish length" in line for line in lines), lines

@@ -104,7 +104,8 @@ def toy():
 
 @pytest.mark.parametrize("make_shaping, seed", [(penalties, 30), (biased, 31), (grammar, 32)],
                          ids=["penalties", "bias", "grammar"])
-@pytest.mark.parametrize("drafter", ["model", pytest.param("lookup", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("drafter", ["model", "lookup"])
 def test_shaped_sampling_is_exact_on_the_toy_model(make_shaping, seed, drafter):
     target = toy()
     params = SamplingParams(temperature=1.0)
@@ -120,6 +121,7 @@ def test_shaped_sampling_is_exact_on_the_toy_model(make_shaping, seed, drafter):
     assert chi_square_pvalue(counts, expected) > SIGNIFICANCE
 
 
+@pytest.mark.slow
 def test_penalties_counted_without_the_rounds_drafts_fail_the_same_test():
     target = toy()
     params = SamplingParams(temperature=1.0)
@@ -131,7 +133,8 @@ def test_penalties_counted_without_the_rounds_drafts_fail_the_same_test():
 
 
 @pytest.mark.parametrize("broken, make_shaping", [
-    (lambda: FirstRowOnly(logit_bias={3: 4.0, 4: -100.0}, frequency_penalty=1.5), biased),
+    pytest.param(lambda: FirstRowOnly(logit_bias={3: 4.0, 4: -100.0}, frequency_penalty=1.5), biased,
+                 marks=pytest.mark.slow),
     pytest.param(lambda: MaskOfTheCommittedText(rule=grammar().rule), grammar,
                  marks=pytest.mark.slow)], ids=["bias", "grammar"])
 def test_bias_and_grammar_broken_variants_fail_the_same_test(broken, make_shaping):
