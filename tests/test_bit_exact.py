@@ -15,6 +15,7 @@ somewhere (tests/test_qwen_pair.py allows it only at a near-tie)."""
 import pytest
 
 import edgespec
+from edgespec.planner import AutoPlanners
 from edgespec.backends.llamacpp import LlamaCppBackend
 from edgespec.drafters import DraftModel
 from edgespec.drafters.registry import make_drafter
@@ -141,7 +142,7 @@ def test_mlx_exact_kernels_probe_its_passes(smollm2_path):
 @pytest.mark.slow
 def test_mlx_exact_kernels_greedy_and_seeded_equal_plain(smollm2_path, smollm2_q2k_path):
     from edgespec.backends.kernels import pass_difference
-    engine = edgespec.Engine(mlx_exact(smollm2_path), None)
+    engine = edgespec.Engine(mlx_exact(smollm2_path), None, planners=AutoPlanners())
     draft = DraftModel(LlamaCppBackend(smollm2_q2k_path, kernels="fast"))
     try:
         target = engine.target
