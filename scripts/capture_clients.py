@@ -140,18 +140,8 @@ def start_server(model: str, port: int, ctx: int) -> subprocess.Popen:
 def run_aider(aider: str, job: dict, base: str, model: str) -> None:
     """Run aider once on a fresh copy of the job's file."""
     with tempfile.TemporaryDirectory() as tmp:
-        name = source_name(job)
-        shutil.copy(JOBS / job["file"], Path(tmp) / name)
-        command = [aider, "--model", f"openai/{model}", "--openai-api-base", base,
-                   "--openai-api-key", "none", "--edit-format", job["format"],
-                   "--message", job["message"], "--yes-always", "--no-git",
-                   "--no-show-model-warnings", "--no-check-update", "--analytics-disable",
-                   "--no-auto-lint", "--no-auto-test", "--no-pretty", "--no-fancy-input",
-                   "--map-tokens", "0", name]
-        env = dict(os.environ, AIDER_CHECK_UPDATE="false")
-        result = subprocess.run(command, cwd=tmp, env=env, capture_output=True, text=True,
-                                stdin=subprocess.DEVNULL, timeout=3600)
-        sys.stderr.write(result.stdout[-1500:] + result.stderr[-1500:])
+        shutil.copy(JOBS / job["file"], Path(tmp) / source_name(job))
+        aider_edit(aider, job, job["message"], base, model, tmp)
 
 
 def run_aider_session(aider: str, job: dict, base: str, model: str) -> None:
@@ -159,19 +149,23 @@ def run_aider_session(aider: str, job: dict, base: str, model: str) -> None:
     run restoring the chat history of the ones before (``--restore-chat-history``), so
     aider sends its history summaries as side requests between the edits."""
     with tempfile.TemporaryDirectory() as tmp:
-        name = source_name(job)
-        shutil.copy(JOBS / job["file"], Path(tmp) / name)
+        shutil.copy(JOBS / job["file"], Path(tmp) / source_name(job))
         for message in job["messages"]:
-            command = [aider, "--model", f"openai/{model}", "--openai-api-base", base,
-                       "--openai-api-key", "none", "--edit-format", job["format"],
-                       "--message", message, "--yes-always", "--no-git", "--restore-chat-history",
-                       "--no-show-model-warnings", "--no-check-update", "--analytics-disable",
-                       "--no-auto-lint", "--no-auto-test", "--no-pretty", "--no-fancy-input",
-                       "--map-tokens", "0", name]
-            env = dict(os.environ, AIDER_CHECK_UPDATE="false")
-            result = subprocess.run(command, cwd=tmp, env=env, capture_output=True, text=True,
-                                    stdin=subprocess.DEVNULL, timeout=3600)
-            sys.stderr.write(result.stdout[-800:] + result.stderr[-800:])
+            aider_edit(aider, job, message, base, model, tmp, "--restore-chat-history")
+
+
+def aider_edit(aider: str, job: dict, message: str, base: str, model: str, folder: str, *flags: str) -> None:
+    """One aider run on the job's file in ``folder``: ``message``, answered and applied."""
+    command = [aider, "--model", f"openai/{model}", "--openai-api-base", base,
+               "--openai-api-key", "none", "--edit-format", job["format"],
+               "--message", message, "--yes-always", "--no-git", *flags,
+               "--no-show-model-warnings", "--no-check-update", "--analytics-disable",
+               "--no-auto-lint", "--no-auto-test", "--no-pretty", "--no-fancy-input",
+               "--map-tokens", "0", source_name(job)]
+    env = dict(os.environ, AIDER_CHECK_UPDATE="false")
+    result = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True,
+                            stdin=subprocess.DEVNULL, timeout=3600)
+    sys.stderr.write(result.stdout[-1500:] + result.stderr[-1500:])
 
 
 def run_chats(job: dict, base: str) -> None:

@@ -162,15 +162,20 @@ def _prompts(engine):
     return a1, side
 
 
+def edit_side_follow_up(engine, max_tokens: int):
+    """A1, then S, then A2 through ``engine``: A1's result and A2's, and A2's messages."""
+    a1, side = _prompts(engine)
+    first = engine.chat(a1, stream=False, params=GREEDY, max_tokens=max_tokens)
+    engine.chat(side, stream=False, params=GREEDY, max_tokens=8)
+    a2 = a1 + [{"role": "assistant", "content": first.text}, {"role": "user", "content": "Thanks. Now f4."}]
+    return first, engine.chat(a2, stream=False, params=GREEDY, max_tokens=max_tokens), a2
+
+
 @pytest.mark.parametrize("kernels", ["exact", pytest.param("fast", marks=pytest.mark.slow)])
 def test_the_follow_up_after_a_side_request_restores_its_prompt(smollm2_path, kernels):
     engine = edgespec.load(smollm2_path, draft="lookup", num_draft=4, n_ctx=2048, kernels=kernels,
                            cache_ram=512)
-    a1, side = _prompts(engine)
-    first = engine.chat(a1, stream=False, params=GREEDY, max_tokens=24)
-    engine.chat(side, stream=False, params=GREEDY, max_tokens=8)
-    a2 = a1 + [{"role": "assistant", "content": first.text}, {"role": "user", "content": "Thanks. Now f4."}]
-    follow = engine.chat(a2, stream=False, params=GREEDY, max_tokens=24)
+    _, follow, a2 = edit_side_follow_up(engine, 24)
     stats = follow.stats
     assert stats.prompt_restored_tokens > 0.9 * stats.prompt_tokens
     assert stats.prompt_eval_tokens <= 0.05 * stats.prompt_tokens
@@ -192,11 +197,7 @@ def test_the_follow_up_after_a_side_request_restores_its_prompt(smollm2_path, ke
 
 def test_without_the_prompt_cache_the_follow_up_pays_its_prompt_again(smollm2_path):
     engine = edgespec.load(smollm2_path, draft="lookup", num_draft=4, n_ctx=2048, cache_ram=0)
-    a1, side = _prompts(engine)
-    first = engine.chat(a1, stream=False, params=GREEDY, max_tokens=24)
-    engine.chat(side, stream=False, params=GREEDY, max_tokens=8)
-    a2 = a1 + [{"role": "assistant", "content": first.text}, {"role": "user", "content": "Thanks. Now f4."}]
-    follow = engine.chat(a2, stream=False, params=GREEDY, max_tokens=8)
+    _, follow, _ = edit_side_follow_up(engine, 8)
     assert follow.stats.prompt_eval_tokens > 0.9 * follow.stats.prompt_tokens
     engine.close()
 
