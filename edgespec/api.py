@@ -23,7 +23,8 @@ def load(model: str | os.PathLike, draft: str | os.PathLike | None = None, backe
          draft_n_threads: int | None = None, draft_n_gpu_layers: int | None = None,
          mlx_quantize: str = "4bit", fetch: bool = True,
          rpc: str | Sequence[str] | None = None, draft_rpc: str | Sequence[str] | None = None,
-         kernels: str | None = None, cache_ram: int | None = None) -> Engine:
+         kernels: str | None = None, cache_ram: int | None = None,
+         cache_reuse: int = 0) -> Engine:
     """Load a target model (and optionally a drafter) and return an :class:`Engine`.
 
     ``model``/``draft``: a .gguf path, a name from ``edgespec models list``, an
@@ -48,6 +49,10 @@ def load(model: str | os.PathLike, draft: str | os.PathLike | None = None, backe
     ``cache_ram``: MiB of host RAM for saved prompts (llama-server's ``--cache-ram``):
     a prompt that repeats an earlier conversation's restores its KV state instead of
     evaluating it again (0: off; None: 8 GiB, or a quarter of the RAM if less).
+    ``cache_reuse``: llama-server's ``--cache-reuse``: chunks of at least this many
+    cached tokens that reappear after a divergence go into place by KV shift (llama.cpp
+    only; 0, the default, off). Not exact: it moves the logits (docs/exactness.md), so
+    exact kernels ignore it.
     Raises :class:`~edgespec.errors.EdgespecError` with a readable reason on
     bad input (missing file, incompatible drafter, ...).
     """
@@ -57,7 +62,10 @@ def load(model: str | os.PathLike, draft: str | os.PathLike | None = None, backe
         raise EdgespecError(f"invalid --threads-draft {draft_n_threads}: must be >= 1")
     if cache_ram is not None and (not isinstance(cache_ram, int) or cache_ram < 0):
         raise EdgespecError(f"invalid --cache-ram {cache_ram!r}: MiB, an integer >= 0 (0 turns it off)")
-    prompt_cache = PromptCache((default_budget_mib() if cache_ram is None else cache_ram) * 2**20)
+    if not isinstance(cache_reuse, int) or cache_reuse < 0:
+        raise EdgespecError(f"invalid --cache-reuse {cache_reuse!r}: a chunk size in tokens, >= 0 (0 turns it off)")
+    prompt_cache = PromptCache((default_budget_mib() if cache_ram is None else cache_ram) * 2**20,
+                               shift_min=cache_reuse)
     options = BackendOptions(backend=backend, n_ctx=n_ctx, n_threads=n_threads,
                              n_gpu_layers=n_gpu_layers, flash_attn=flash_attn,
                              mlx_quantize=mlx_quantize, fetch=fetch, rpc=rpc or (), kernels=kernels)

@@ -154,32 +154,96 @@ def main() -> int:
                 print(f"round {round_ + 1} {session['session']:28} {server:12} {total:7.1f} s  "
                       + " ".join(f"{r['wall_s']:.1f}({r['prompt_evaluated']}/{r['prompt_cached']})"
                                  for r in rows), file=sys.stderr, flush=True)
-    report(results, servers)
+    report(results, servers, sessions)
     if args.json:
         Path(args.json).write_text(json.dumps({"split": args.split, "model": args.model,
                                                "servers": servers, "results": results}, indent=1))
     return 0
 
 
-def report(results: dict, servers: list[str]) -> None:
-    """Per session: each server's total (mean, min–max over rounds); edgespec over
-    the best llama-server setting; then per request, the worst ratio."""
+def like_for_like(results: dict) -> dict:
+    """Each request's time with its decode scaled to one reply length for every server.
+
+    At T = 0 two servers can still split at a near-tie (a batched pass and a one-token
+    pass round differently) and write replies of very different lengths: a history
+    summary of 53 tokens on one, 1,197 on the other. The user's wait then measures the
+    reply, not the server. So each request's decode time (wall minus time to first
+    token) is scaled to the shortest reply to that request over every server and
+    round: ``ttft + decode * shortest / reply_tokens``. The raw walls are reported too.
+    """
+    out = {}
+    for name, by_server in results.items():
+        n = len(next(iter(by_server.values()))[0])
+        # The shortest: scaling a decode down interpolates its per-token time, up would extrapolate.
+        shortest = [min(rows[i]["reply_tokens"] or 1 for runs in by_server.values() for rows in runs)
+                    for i in range(n)]
+        out[name] = {server: [[r["ttft_s"] + (r["wall_s"] - r["ttft_s"]) * shortest[i] / (r["reply_tokens"] or 1)
+                               for i, r in enumerate(rows)] for rows in runs]
+                     for server, runs in by_server.items()}
+    return out
+
+
+def follow_ups(session: dict) -> list[int]:
+    """The requests that go back to a conversation after a request of another one (a side
+    request, or the other tab): an earlier request's messages, other than the one
+    just before's, begin this one's (the A2 of A1, S, A2)."""
+    bodies = [body["messages"] for body in session["requests"]]
+    return [i for i in range(2, len(bodies))
+            if bodies[i][:len(bodies[i - 1])] != bodies[i - 1]
+            and any(bodies[i][:len(b)] == b for b in bodies[:i - 1])]
+
+
+def report(results: dict, servers: list[str], sessions: list[dict]) -> None:
+    """Per session: each server's total (mean, min–max over rounds), like for like (see
+    :func:`like_for_like`) and raw; edgespec over the best llama-server setting; then
+    per request, edgespec over that setting, and how much of each follow-up's prompt
+    was evaluated."""
     llamas = [s for s in servers if s != "edgespec"]
+    scaled = like_for_like(results)
+    print("Session time, seconds, mean (min–max over rounds), decode scaled to one reply length "
+          "per request; raw wall in brackets")
     print("| session | " + " | ".join(servers) + " | edgespec / best llama-server |")
     print("|---" * (len(servers) + 2) + "|")
-    ratios = []
-    for name, by_server in results.items():
-        totals = {s: [sum(r["wall_s"] for r in rows) for rows in runs] for s, runs in by_server.items()}
-        cells = [f"{sum(t) / len(t):.1f} ({min(t):.1f}–{max(t):.1f})" for t in (totals[s] for s in servers)]
+    ratios, worst, follow = [], [], []
+    for session in sessions:
+        name = session["session"]
+        if name not in results:
+            continue
+        totals = {s: [sum(rows) for rows in runs] for s, runs in scaled[name].items()}
+        raw = {s: [sum(r["wall_s"] for r in rows) for rows in runs] for s, runs in results[name].items()}
+        cells = [f"{sum(totals[s]) / len(totals[s]):.1f} ({min(totals[s]):.1f}–{max(totals[s]):.1f}) "
+                 f"[{sum(raw[s]) / len(raw[s]):.1f}]" for s in servers]
         ratio = ""
         if "edgespec" in totals and llamas:
             best = min(llamas, key=lambda s: sum(totals[s]))
             per_round = [e / b for e, b in zip(totals["edgespec"], totals[best])]
             ratios.append(sum(totals["edgespec"]) / sum(totals[best]))
             ratio = f"{ratios[-1]:.2f} ({min(per_round):.2f}–{max(per_round):.2f}) vs {best}"
+            runs_e, runs_b = scaled[name]["edgespec"], scaled[name][best]
+            for i in range(len(runs_e[0])):
+                e = sum(rows[i] for rows in runs_e) / len(runs_e)
+                b = sum(rows[i] for rows in runs_b) / len(runs_b)
+                worst.append((e / b, name, i + 1, best))
+        for i in follow_ups(session):
+            for server in servers:
+                for rows in results[name][server]:
+                    r = rows[i]
+                    follow.append((server, name, i + 1, r["prompt_evaluated"],
+                                   (r["prompt_evaluated"] or 0) + (r["prompt_cached"] or 0)))
         print(f"| {name} | " + " | ".join(cells) + f" | {ratio} |")
     if ratios:
-        print(f"\ngeometric mean, edgespec / best llama-server: {geomean(ratios):.2f}")
+        print(f"\ngeometric mean, edgespec / best llama-server: {geomean(ratios):.2f}; "
+              f"worst session {max(ratios):.2f}")
+    if worst:
+        worst.sort(reverse=True)
+        print("slowest requests, edgespec / the session's best llama-server (mean over rounds): "
+              + ", ".join(f"{n} #{i} {r:.2f} vs {b}" for r, n, i, b in worst[:5]))
+    if follow:
+        print("\nfollow-ups (back to a conversation after another's request), prompt evaluated / total:")
+        for server in servers:
+            rows = [f for f in follow if f[0] == server]
+            print(f"  {server:12} " + ", ".join(f"{n} #{i} {e}/{t} ({e / t:.1%})" for _, n, i, e, t in rows
+                                               if t))
 
 
 if __name__ == "__main__":

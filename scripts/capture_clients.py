@@ -29,6 +29,7 @@ conversation it belongs to. The jobs and their files are listed in
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import os
@@ -135,6 +136,22 @@ def start_server(model: str, port: int, ctx: int) -> subprocess.Popen:
                              daemon=True).start()
             return process
     raise RuntimeError("edgespec serve did not start")
+
+
+@contextlib.contextmanager
+def recording_server(model: str, ctx: int):
+    """``edgespec serve`` behind a recording proxy: yields the proxy's base URL and the
+    recorder holding every request body it forwarded; stops both on the way out."""
+    port = free_port()
+    server = start_server(model, port, ctx)
+    recorder = Recorder()
+    front = proxy(port, recorder)
+    try:
+        yield f"http://127.0.0.1:{front.server_address[1]}/v1", recorder
+    finally:
+        front.shutdown()
+        server.terminate()
+        server.wait()
 
 
 def run_aider(aider: str, job: dict, base: str, model: str) -> None:
@@ -246,14 +263,9 @@ def capture_sessions(args) -> int:
     out = args.out or PROMPTS / f"{SESSION_SPLITS[args.split]}.json"
     sessions = json.loads(out.read_text()) if out.exists() else []
     sessions = [e for e in sessions if e["session"] not in {j["name"] for j in jobs}]
-    port = free_port()
-    server = start_server(args.model, port, args.ctx)
-    recorder = Recorder()
-    front = proxy(port, recorder)
-    base = f"http://127.0.0.1:{front.server_address[1]}/v1"
-    runs = {"aider-session": lambda job: run_aider_session(args.aider, job, base, args.model),
-            "chats": lambda job: run_chats(job, base), "apply": lambda job: run_apply(job, base)}
-    try:
+    with recording_server(args.model, args.ctx) as (base, recorder):
+        runs = {"aider-session": lambda job: run_aider_session(args.aider, job, base, args.model),
+                "chats": lambda job: run_chats(job, base), "apply": lambda job: run_apply(job, base)}
         for job in jobs:
             start = time.time()
             runs[job["client"]](job)
@@ -262,10 +274,6 @@ def capture_sessions(args) -> int:
             sessions.append({"session": job["name"], "client": job["client"]
                              + (f"-{job['format']}" if "format" in job else ""), "requests": bodies})
             out.write_text(json.dumps(sessions, indent=1, ensure_ascii=False) + "\n")
-    finally:
-        front.shutdown()
-        server.terminate()
-        server.wait()
     return 0
 
 
@@ -288,14 +296,9 @@ def main() -> int:
     if args.only:
         jobs = [j for j in jobs if j["name"] in args.only.split(",")]
     out = args.out or PROMPTS / f"{SPLITS[args.split]}.json"
-    port = free_port()
-    server = start_server(args.model, port, args.ctx)
-    recorder = Recorder()
-    front = proxy(port, recorder)
-    base = f"http://127.0.0.1:{front.server_address[1]}/v1"
     entries = json.loads(out.read_text()) if out.exists() and args.only else []
     entries = [e for e in entries if e["job"] not in {j["name"] for j in jobs}]
-    try:
+    with recording_server(args.model, args.ctx) as (base, recorder):
         for job in jobs:
             start = time.time()
             if job["client"] == "aider":
@@ -315,10 +318,6 @@ def main() -> int:
                                 "turn": turn, "messages": body["messages"],
                                 "params": {k: body[k] for k in SAMPLING if k in body}})
             out.write_text(json.dumps(entries, indent=1, ensure_ascii=False) + "\n")
-    finally:
-        front.shutdown()
-        server.terminate()
-        server.wait()
     return 0
 
 

@@ -126,6 +126,42 @@ def test_a_zero_budget_saves_nothing(tiny_gguf_pair):
     assert off.stats().entries == 0
 
 
+def _shift_case(target, kernels: str, shift_min: int):
+    """A cache holding prefix, middle, chunk; then a context of prefix, chunk, more (the
+    middle dropped, as a client trimming its history does). Returns the cache and
+    what ``reuse`` kept."""
+    prefix, middle, chunk = [1, 2, 3, 4], [5, 6] * 6, [7, 8, 9, 10, 11, 12] * 3
+    cache = CachedModel(LlamaCppBackend(target, n_ctx=256, kernels=kernels),
+                        PromptCache(0, min_tokens=4, shift_min=shift_min))
+    cache.forward(prefix + middle + chunk)
+    context = prefix + chunk + [3, 5]
+    return cache, context, cache.reuse(context)
+
+
+def test_cache_reuse_shifts_a_chunk_after_a_dropped_middle(tiny_gguf_pair):
+    target, _ = tiny_gguf_pair
+    cache, context, (kept, restored) = _shift_case(target, "fast", shift_min=8)
+    assert (kept, restored) == (22, 0)  # the prefix and the whole chunk, moved back by 12
+    assert cache.tokens == context[:22] and cache.backend.n_past == 22
+    assert cache.restores == 1  # what a drafter computed on the old contents is void
+    shifted = cache.forward(context[22:])[-1]
+    cold = LlamaCppBackend(target, n_ctx=256, kernels="fast").forward(context)[-1]
+    assert np.all(np.isfinite(shifted)) and shifted.shape == cold.shape
+    # The chunk's K/V were computed after the middle: close to a cold run, not equal.
+    assert not np.array_equal(shifted, cold)
+
+
+def test_cache_reuse_is_off_by_default_below_its_chunk_and_with_exact_kernels(tiny_gguf_pair, smollm2_path):
+    target, _ = tiny_gguf_pair
+    assert _shift_case(target, "fast", shift_min=0)[2] == (4, 0)  # off: the prefix only
+    assert _shift_case(target, "fast", shift_min=19)[2] == (4, 0)  # the chunk is 18 tokens
+    cache, _, kept = _shift_case(smollm2_path, "exact", shift_min=8)
+    assert cache.backend.bit_exact
+    assert kept == (4, 0) and cache.backend.n_past == 4  # exact kernels: only prefixes
+    with pytest.raises(EdgespecError, match="cache-reuse"):
+        edgespec.load(target, cache_reuse=-1)
+
+
 def test_ctrl_c_during_a_restore_leaves_the_cache_true(tiny_gguf_pair, monkeypatch):
     target, _ = tiny_gguf_pair
     backend = LlamaCppBackend(target, n_ctx=256)

@@ -37,6 +37,28 @@ def test_index_follows_a_growing_context_and_a_new_one():
     assert lookup.propose([9, 8, 1, 2], 2, PARAMS, RNG).token_ids == []
 
 
+def test_a_conversation_left_for_another_comes_back_with_what_it_learned():
+    from edgespec.drafters.copying import KEPT
+    index = CopyIndex(min_ngram=2, max_ngram=4)
+    a = [i % 50 for i in range(120)]
+    index.follow(a)
+    index.failed[(1, 2, 3, 4)] = (3, 9)  # (as if a copy after that key had failed)
+    breaks = index.breaks
+    b = [100 + i for i in range(80)]
+    index.follow(b)  # a side request: its own index, nothing of A's
+    assert index.tokens == b and index.failed == {} and index.breaks is not breaks
+    assert index.find(4) is None
+    index.follow(a + [1, 2])  # back to A, continued: what A learned is back
+    assert index.tokens == a + [1, 2] and index.failed == {(1, 2, 3, 4): (3, 9)}
+    assert index.breaks is breaks and index.find(2).tokens == [3, 4]
+    index.follow(b + [7])  # and B's, too
+    assert index.tokens == b + [7] and index.failed == {}
+    for n in range(KEPT + 1):  # only the last KEPT conversations are kept
+        index.follow([300 + 100 * n + i for i in range(70)])
+    index.follow(a + [1, 2, 3])
+    assert index.failed == {}  # A's was the oldest: it starts over
+
+
 class _CountingTable(dict):
     """An n-gram table that counts every entry written into it."""
 

@@ -176,6 +176,19 @@ class LlamaCppBackend(TokenizerMethods, BackendFacts, HostVerify):
             raise EdgespecError(f"{self.name} refused a saved state (another model or context size)")
         self._n_past = llama.llama_memory_seq_pos_max(self._memory, 0) + 1
 
+    def shift(self, start: int, end: int, delta: int) -> bool:
+        """Move the cells at positions [start, end) by ``delta`` (< 0), dropping those at
+        [start + delta, start) first (llama-server's ``--cache-reuse``); llama.cpp rotates
+        their keys to the new positions at the next decode. False where the memory cannot
+        shift (e.g. a recurrent model)."""
+        if not self._ctx:
+            raise closed_error(self.name)
+        if delta >= 0 or start + delta < 0 or not llama.llama_memory_can_shift(self._memory):
+            return False
+        llama.llama_memory_seq_rm(self._memory, 0, start + delta, start)
+        llama.llama_memory_seq_add(self._memory, 0, start, end, delta)
+        return True
+
     @property
     def memory_bytes(self) -> int:
         """Bytes of model weights llama.cpp holds."""

@@ -61,6 +61,11 @@ def add_model_options(parser: argparse.ArgumentParser, *, model_required: bool =
                              "conversation (a client's next edit after a side request) restores "
                              "its KV state instead of evaluating it (0: off; default: 8192, or a "
                              "quarter of the RAM if less)")
+    parser.add_argument("--cache-reuse", type=int, default=0, metavar="N",
+                        help="move cached chunks of at least N tokens that reappear after a "
+                             "divergence into place by KV shift, as llama-server's --cache-reuse "
+                             "(llama.cpp only; 0: off, the default). Not exact: it moves the "
+                             "logits a little (docs/exactness.md); exact kernels ignore it")
     parser.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto")
     parser.add_argument("--kernels", choices=("exact", "fast"), default=None,
                         help="'exact': verify passes that round as one-token steps (llama.cpp "
@@ -152,7 +157,8 @@ def build_engine(args, *, fetch: bool = False):
                 n_threads=o.n_threads, n_gpu_layers=o.n_gpu_layers, flash_attn=o.flash_attn,
                 draft_n_threads=args.threads_draft, draft_n_gpu_layers=args.n_gpu_layers_draft,
                 mlx_quantize=o.mlx_quantize, fetch=fetch, rpc=args.rpc, draft_rpc=args.rpc_draft,
-                kernels=o.kernels, cache_ram=args.cache_ram)
+                kernels=o.kernels, cache_ram=args.cache_ram,
+                cache_reuse=args.cache_reuse)
 
 
 def writable(path: str, flag: str) -> str:

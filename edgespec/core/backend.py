@@ -93,6 +93,11 @@ class Backend(Protocol):
 
     def load_state(self, state: object) -> None: ...
 
+    # Move the cached positions [start, end) by ``delta`` (< 0) into the gap before them,
+    # dropping what held it (llama.cpp's KV shift: its keys are rotated anew); False,
+    # and nothing changed, where the model's positions or memory do not allow it.
+    def shift(self, start: int, end: int, delta: int) -> bool: ...
+
     def close(self) -> None: ...
 
 
@@ -133,6 +138,10 @@ class BackendFacts:
     def load_state(self, state: object) -> None:
         from ..errors import EdgespecError
         raise EdgespecError(f"{self.name} cannot restore a saved state")
+
+    def shift(self, start: int, end: int, delta: int) -> bool:
+        """No KV shift: a chunk after a divergence is evaluated again."""
+        return False
 
 
 class TokenizerMethods:

@@ -95,8 +95,34 @@ class CachedModel:
                     saved.looked_up(None)
             elif len(context) - common >= saved.min_tokens:
                 saved.looked_up(None)
+        if saved is not None and saved.shift_min and not self.backend.bit_exact:
+            common = self._shift_chunks(context, common, saved.shift_min)
         self.rewind(common)
         return common, restored
+
+    def _shift_chunks(self, context: Sequence[int], common: int, min_chunk: int) -> int:
+        """llama-server's ``--cache-reuse``: past the common prefix, cached chunks of at
+        least ``min_chunk`` tokens that come next in ``context`` (what lay between them
+        was dropped, as when a client trims its history) go into place by KV shift
+        instead of being evaluated again. Not exact: their K/V were computed after the
+        dropped tokens (docs/exactness.md), so it is off unless asked for, and never
+        with exact kernels. Returns how many tokens of ``context`` the cache now holds."""
+        cache, head_c, head_p = self.tokens, common, common
+        while head_c < len(cache) and head_p < len(context):
+            n = 0
+            while head_c + n < len(cache) and head_p + n < len(context) \
+                    and cache[head_c + n] == context[head_p + n]:
+                n += 1
+            if n < min_chunk:
+                head_c += 1
+            elif self.backend.shift(head_c, head_c + n, head_p - head_c):
+                head_c, head_p = head_c + n, head_p + n
+            else:
+                break
+        if head_p > common:
+            self.tokens = list(context[:head_p])  # (the rewind that follows drops the rest)
+            self.restores += 1  # (what a drafter computed after the old contents is void)
+        return head_p
 
     def keep(self) -> bool:
         """Save what the cache holds to the prompt cache (unless a saved state already

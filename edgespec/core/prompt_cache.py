@@ -11,7 +11,8 @@ The least recently used state goes first when the budget is full.
 
 A restored state is the very bytes that were saved, so the logits after it are
 the ones a cold run computes over the same tokens (bit for bit with exact
-kernels; a prefix is all that is reused, never a shifted chunk).
+kernels). Only a prefix is reused unless ``--cache-reuse`` asks for shifted chunks
+too, which is not exact (docs/exactness.md).
 """
 
 from __future__ import annotations
@@ -67,14 +68,22 @@ class PromptCache:
     """Saved prompts of one or more models (a target and its draft model share one
     budget), the most recently used kept, within ``budget_bytes`` (0: off).
 
+    ``shift_min`` (llama-server's ``--cache-reuse``; 0, the default: off): cached chunks
+    of at least that many tokens that reappear after a divergence are moved into place
+    by KV shift (:meth:`edgespec.core.cache.CachedModel.reuse`). It holds whether or
+    not states are saved (a budget of 0), and never with exact kernels.
+
     Thread-safe: a server's worker saves and restores while ``/metrics`` reads.
     """
 
-    def __init__(self, budget_bytes: int, *, min_tokens: int = MIN_TOKENS):
+    def __init__(self, budget_bytes: int, *, min_tokens: int = MIN_TOKENS, shift_min: int = 0):
         if budget_bytes < 0:
             raise ValueError(f"invalid prompt cache budget {budget_bytes}: must be >= 0 bytes")
+        if shift_min < 0:
+            raise ValueError(f"invalid cache reuse {shift_min}: a chunk of >= 0 tokens (0: off)")
         self.budget = int(budget_bytes)
         self.min_tokens = min_tokens
+        self.shift_min = int(shift_min)
         self._saved: list[SavedPrompt] = []
         self._clock = 0
         self._lock = threading.Lock()

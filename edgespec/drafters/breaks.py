@@ -109,6 +109,12 @@ class SourceLines:
         self._kinds: dict[int, tuple[bool, bool]] = {}  # id -> (has a newline, is blank)
         self.reset()
 
+    def anew(self) -> "SourceLines":
+        """An empty one for another sequence (the same vocabulary, what it knows of it)."""
+        other = SourceLines(self.token_bytes)
+        other._kinds = self._kinds
+        return other
+
     def reset(self) -> None:
         self.heads: list[int] = []  # per token: the first word of its line (-1: none yet)
         self.previous: list[int] = []  # per token: the first word of the line before its line

@@ -31,7 +31,11 @@ remembers where copies broke off:
 - **where copies break**: every token committed while a copy is followed says
   whether it held; :class:`~edgespec.drafters.breaks.BreakModel` learns from them
   where in the source copies break, and each copy offered carries, per token, the
-  chance that it holds (``Copy.hold``).
+  chance that it holds (``Copy.hold``);
+- **conversations**: a client interleaves them (an edit, a side request, the next
+  edit). The index of one it leaves is kept (the last ``KEPT`` of them, as the prompt
+  cache keeps their KV states), and comes back, with what it learned, when a context
+  continues it.
 """
 
 from __future__ import annotations
@@ -43,6 +47,13 @@ from typing import Callable, Sequence
 from ..core.config import DEFAULT_CONFIG, PlannerConfig
 from .breaks import BreakModel, SourceLines
 
+
+
+# Conversations whose index is kept when a context leaves them, and the shortest kept.
+KEPT = 4
+KEEP_MIN_TOKENS = 64
+# What one conversation's index is (reset() makes these anew).
+CONVERSATION_STATE = ("tokens", "_index", "failed", "_last", "resume_at", "breaks", "lines")
 
 
 @dataclass
@@ -81,16 +92,18 @@ class CopyIndex:
         self.min_ngram, self.max_ngram, self.max_match = min_ngram, max_ngram, max_match
         self.config = config  # resume_window, resume_after, run_priors
         self.lines = SourceLines(token_bytes)
+        self._kept: list[dict] = []  # other conversations' indexes, least recently left first
         self.reset()
 
     def set_vocabulary(self, token_bytes: Callable[[int], bytes]) -> None:
         """Learn which ids end lines (the break model's line features), from the target's
         vocabulary; the indexed context is read again."""
         self.lines = SourceLines(token_bytes)
+        self._kept = []  # (read with another vocabulary)
         self.reset()
 
     def reset(self) -> None:
-        """Forget the indexed context and the memory."""
+        """Forget the indexed context and the memory (other conversations' stay)."""
         self.tokens: list[int] = []
         # _index[n][ngram] = [e, ...]: every e (ascending) with tokens[e-n:e] == ngram and
         # tokens[e] existing.
@@ -101,15 +114,15 @@ class CopyIndex:
         self._last: _Followed | None = None  # the copy offered last
         self.resume_at: int | None = None  # the source position where the last copy broke
         self.breaks = BreakModel(self.config.run_priors)
-        self.lines.reset()
+        self.lines = self.lines.anew()  # (a kept conversation keeps the one it had)
 
     def follow(self, context: Sequence[int]) -> None:
         """Index what is new in ``context`` (a different or edited context starts over),
         and learn how far the last copy offered held."""
         known = len(self.tokens)
         if len(context) < known or list(context[:known]) != self.tokens:
-            self.reset()  # a different conversation (or an edited one): start over
-            known = 0
+            self._switch(context)  # another conversation (or an edited one)
+            known = len(self.tokens)
         tokens = self.tokens
         tokens.extend(int(t) for t in context[known:])
         self.lines.extend(tokens, known)
@@ -119,6 +132,22 @@ class CopyIndex:
             for n, table in self._index.items():
                 if end >= n:
                     table.setdefault(tuple(tokens[end - n:end]), []).append(end)
+
+    def _switch(self, context: Sequence[int]) -> None:
+        """Leave the indexed conversation for ``context``: keep its index (if it is long
+        enough to be worth it), and take back the kept one that ``context`` continues
+        (the longest), or start over."""
+        if len(self.tokens) >= KEEP_MIN_TOKENS:
+            self._kept.append({k: getattr(self, k) for k in CONVERSATION_STATE})
+            del self._kept[:-KEPT]
+        fits = [i for i, kept in enumerate(self._kept) if len(kept["tokens"]) <= len(context)
+                and list(context[:len(kept["tokens"])]) == kept["tokens"]]
+        if fits:
+            best = max(fits, key=lambda i: len(self._kept[i]["tokens"]))
+            for name, value in self._kept.pop(best).items():
+                setattr(self, name, value)
+        else:
+            self.reset()
 
     def _learn(self) -> None:
         """Compare the tokens committed since the last copy was offered with its source:
