@@ -111,6 +111,10 @@ def replay(server: str, session: dict, model: Path, args) -> list[dict]:
         process.wait()
 
 
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
 def geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
 
@@ -128,7 +132,11 @@ def main() -> int:
     parser.add_argument("--edgespec-args", default="", help="more flags for edgespec serve")
     parser.add_argument("--logs", default=None, help="a folder for the servers' logs")
     parser.add_argument("--json")
+    parser.add_argument("--report", nargs="+", metavar="JSON",
+                        help="report earlier runs' --json files together (their rounds merged) and exit")
     args = parser.parse_args()
+    if args.report:
+        return report_files(args.report)
 
     from edgespec.models.catalog import resolve_model
     model = resolve_model(args.model, fetch=True)
@@ -158,6 +166,22 @@ def main() -> int:
     if args.json:
         Path(args.json).write_text(json.dumps({"split": args.split, "model": args.model,
                                                "servers": servers, "results": results}, indent=1))
+    return 0
+
+
+def report_files(paths: list[str]) -> int:
+    """The report of several runs (``--json`` files of one split), their rounds merged:
+    e.g. a first run of every server, and a second of edgespec and the best."""
+    runs = [json.loads(Path(p).read_text()) for p in paths]
+    results: dict[str, dict[str, list]] = {}
+    servers: list[str] = []
+    for run in runs:
+        servers += [s for s in run["servers"] if s not in servers]
+        for name, by_server in run["results"].items():
+            for server, rounds in by_server.items():
+                results.setdefault(name, {}).setdefault(server, []).extend(rounds)
+    sessions = json.loads((PROMPTS / f"{SPLITS[runs[0]['split']]}.json").read_text())
+    report(results, servers, sessions)
     return 0
 
 
@@ -211,13 +235,14 @@ def report(results: dict, servers: list[str], sessions: list[dict]) -> None:
             continue
         totals = {s: [sum(rows) for rows in runs] for s, runs in scaled[name].items()}
         raw = {s: [sum(r["wall_s"] for r in rows) for rows in runs] for s, runs in results[name].items()}
-        cells = [f"{sum(totals[s]) / len(totals[s]):.1f} ({min(totals[s]):.1f}–{max(totals[s]):.1f}) "
-                 f"[{sum(raw[s]) / len(raw[s]):.1f}]" for s in servers]
+        cells = [f"{mean(totals[s]):.1f} ({min(totals[s]):.1f}–{max(totals[s]):.1f}) "
+                 f"[{mean(raw[s]):.1f}]" if s in totals else "–" for s in servers]
         ratio = ""
-        if "edgespec" in totals and llamas:
-            best = min(llamas, key=lambda s: sum(totals[s]))
+        present = [s for s in llamas if s in totals]
+        if "edgespec" in totals and present:
+            best = min(present, key=lambda s: mean(totals[s]))
             per_round = [e / b for e, b in zip(totals["edgespec"], totals[best])]
-            ratios.append(sum(totals["edgespec"]) / sum(totals[best]))
+            ratios.append(mean(totals["edgespec"]) / mean(totals[best]))
             ratio = f"{ratios[-1]:.2f} ({min(per_round):.2f}–{max(per_round):.2f}) vs {best}"
             runs_e, runs_b = scaled[name]["edgespec"], scaled[name][best]
             for i in range(len(runs_e[0])):
@@ -225,7 +250,7 @@ def report(results: dict, servers: list[str], sessions: list[dict]) -> None:
                 b = sum(rows[i] for rows in runs_b) / len(runs_b)
                 worst.append((e / b, name, i + 1, best))
         for i in follow_ups(session):
-            for server in servers:
+            for server in results[name]:
                 for rows in results[name][server]:
                     r = rows[i]
                     follow.append((server, name, i + 1, r["prompt_evaluated"],

@@ -82,6 +82,18 @@ def build_llama_server(log=print) -> Path:
     return binary
 
 
+def build_llama_bench(log=print) -> Path:
+    """Build ``llama-bench`` next to llama-server (the same configuration), for the
+    prompt-processing rate llama.cpp itself reaches here; return the binary."""
+    server = build_llama_server(log)
+    binary = server.parent / "llama-bench"
+    if not binary.exists():
+        log("building llama-bench")
+        _cmake_build(reference_source(log), server.parent.parent, ["llama-bench"],
+                     "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF")
+    return binary
+
+
 def _cmake_build(source: Path, build: Path, targets, *flags: str) -> None:
     """Configure a Release build of ``source`` in ``build`` and build ``targets``
     (later ``flags`` win over the defaults here)."""

@@ -64,8 +64,9 @@ def add_model_options(parser: argparse.ArgumentParser, *, model_required: bool =
     parser.add_argument("--cache-reuse", type=int, default=0, metavar="N",
                         help="move cached chunks of at least N tokens that reappear after a "
                              "divergence into place by KV shift, as llama-server's --cache-reuse "
-                             "(llama.cpp only; 0: off, the default). Not exact: it moves the "
-                             "logits a little (docs/exactness.md); exact kernels ignore it")
+                             "(llama.cpp only; 0: off, the default). Not exact: the logits after "
+                             "a shifted chunk move far beyond rounding (docs/exactness.md); "
+                             "exact kernels ignore it")
     parser.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto")
     parser.add_argument("--kernels", choices=("exact", "fast"), default=None,
                         help="'exact': verify passes that round as one-token steps (llama.cpp "
