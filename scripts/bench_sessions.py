@@ -97,18 +97,38 @@ def send(port: int, body: dict) -> dict:
     return {"wall_s": wall, "ttft_s": (first or time.perf_counter()) - start,
             "prompt_evaluated": timings.get("prompt_n"), "prompt_cached": timings.get("cache_n"),
             "decode_tok_s": timings.get("predicted_per_second"), "reply_tokens": timings.get("predicted_n"),
-            "reply_chars": len("".join(text))}
+            "reply_chars": len("".join(text)), "text": "".join(text)}
 
 
 def replay(server: str, session: dict, model: Path, args) -> list[dict]:
-    """The session's requests, in order, on a fresh ``server``."""
+    """The session's requests, in order, on a fresh ``server``, each answer fed back
+    as the client would (:func:`with_replies`)."""
     port = free_port()
     process = start(server, model, port, args)
     try:
-        return [send(port, body) for body in session["requests"]]
+        rows, replies = [], []
+        for body in session["requests"]:
+            rows.append(send(port, with_replies(body, session["requests"], replies)))
+            replies.append(rows[-1].pop("text"))
+        return rows
     finally:
         process.terminate()
         process.wait()
+
+
+def with_replies(body: dict, bodies: list[dict], replies: list[str]) -> dict:
+    """``body`` as the client sends it to this server: where it continues an earlier
+    request (that request's messages, then an assistant message: its answer), the answer
+    is the one this server gave, not the one captured. At T = 0 servers (and runs of one
+    server) still split at near-ties, and a client sends back what it got; a replay that
+    sent another answer would make every server evaluate the follow-up's prompt again."""
+    messages = body["messages"]
+    for earlier, reply in zip(bodies, replies):
+        n = len(earlier["messages"])
+        if len(messages) > n and messages[:n] == earlier["messages"] and messages[n]["role"] == "assistant" \
+                and isinstance(messages[n].get("content"), str):
+            messages = messages[:n] + [dict(messages[n], content=reply)] + messages[n + 1:]
+    return dict(body, messages=messages)
 
 
 def mean(values: list[float]) -> float:
@@ -145,7 +165,8 @@ def main() -> int:
         args.llama_server = build_llama_server(log=lambda m: print(m, file=sys.stderr))
     sessions = json.loads((PROMPTS / f"{SPLITS[args.split]}.json").read_text())
     if args.only:
-        sessions = [s for s in sessions if s["session"] in args.only.split(",")]
+        by_name = {s["session"]: s for s in sessions}  # (in the order given)
+        sessions = [by_name[name] for name in args.only.split(",") if name in by_name]
     if args.requests:
         sessions = [dict(s, requests=s["requests"][:args.requests]) for s in sessions]
     if args.logs:
@@ -162,10 +183,10 @@ def main() -> int:
                 print(f"round {round_ + 1} {session['session']:28} {server:12} {total:7.1f} s  "
                       + " ".join(f"{r['wall_s']:.1f}({r['prompt_evaluated']}/{r['prompt_cached']})"
                                  for r in rows), file=sys.stderr, flush=True)
+                if args.json:  # after every replay: a run cut short keeps what it measured
+                    Path(args.json).write_text(json.dumps({"split": args.split, "model": args.model,
+                                                           "servers": servers, "results": results}, indent=1))
     report(results, servers, sessions)
-    if args.json:
-        Path(args.json).write_text(json.dumps({"split": args.split, "model": args.model,
-                                               "servers": servers, "results": results}, indent=1))
     return 0
 
 
