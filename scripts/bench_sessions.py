@@ -288,6 +288,8 @@ def report(results: dict, servers: list[str], sessions: list[dict]) -> None:
         print("\nfollow-ups (back to a conversation after another's request), prompt evaluated / total:")
         for server in servers:
             rows = [f for f in follow if f[0] == server]
+            if not rows:
+                continue
             print(f"  {server:12} " + ", ".join(f"{n} #{i} {e}/{t} ({e / t:.1%})" for _, n, i, e, t in rows
                                                if t))
 
