@@ -26,7 +26,6 @@ import argparse
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -35,18 +34,13 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
+from capture_clients import free_port  # noqa: E402
 from llamacpp_reference import build_llama_server  # noqa: E402
 
 PROMPTS = Path(__file__).parent.parent / "edgespec" / "prompts"
 SPLITS = {"tuning": "sessions", "validation": "sessions-val"}
 LLAMA_SERVERS = {"llama": [], "llama-spec": ["--spec-default"],
                  "llama-ngram": ["--spec-type", "ngram-map-k", "--cache-reuse", "256"]}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(server: str, model: Path, port: int, args) -> subprocess.Popen:

@@ -27,20 +27,16 @@ from edgespec.backends.llamacpp import LlamaCppBackend
 from edgespec.core.cache import CachedModel
 from edgespec.core.prompt_cache import PromptCache
 from edgespec.core.prompting import chat_prompt_ids
+from edgespec.core.shaping import log_softmax
 
 PROMPTS = Path(__file__).parent.parent / "edgespec" / "prompts"
 TAIL = 32
 
 
-def log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
-    x = x - x.max(axis=-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
-
-
 def compare(cold: np.ndarray, other: np.ndarray) -> dict:
     """KL(cold || other) per row, the largest logit difference, top-1 agreement."""
-    p, q = log_softmax(cold), log_softmax(other)
+    p = np.array([log_softmax(row) for row in cold])
+    q = np.array([log_softmax(row) for row in other])
     kl = (np.exp(p) * (p - q)).sum(axis=-1)
     return {"kl_mean": float(kl.mean()), "kl_max": float(kl.max()),
             "max_abs_logit": float(np.abs(cold - other).max()),

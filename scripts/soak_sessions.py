@@ -17,21 +17,16 @@ import argparse
 import json
 import random
 import re
-import socket
 import subprocess
 import sys
 import time
 
 import httpx
 
+from capture_clients import free_port  # (scripts/, on the path when run as a script)
+
 TOPICS = ["a function that parses dates", "a class for a bank account", "a CSV reader",
           "a retry decorator with backoff"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rss_mib(pid: int) -> float:
