@@ -57,3 +57,24 @@ def test_a_rewound_reply_is_followed_from_the_start_again():
     drafter = fresh(list(range(10)))
     assert drafted(drafter, [0, 1, 2, 3, 4]) == [5, 6, 7, 8]
     assert drafted(drafter, [0, 1]) == [2, 3, 4, 5]
+
+
+def test_a_fenced_rename_is_followed_after_the_fence_and_after_the_new_name():
+    # def add ( a , b ) : \n return a + b \n\n def sub ...; the reply: ```python \n def plus ( a ...
+    DEF, ADD, NL, FENCE, PY, PLUS = 1, 2, 9, 500, 501, 502
+    prediction = [DEF, ADD, 3, 4, 5, 6, 7, 8, 4, 10, 5, NL, DEF, 11, 3, 4, 5]
+    drafter = fresh(prediction)
+    # A newline far away in the prediction says nothing of the place: the fence was
+    # inserted, so the draft starts at the prediction's start.
+    assert drafted(drafter, [FENCE, PY, NL]) == [DEF, ADD, 3, 4]
+    # The new name replaced one token: the draft picks up just past it, at once.
+    assert drafted(drafter, [FENCE, PY, NL, DEF, PLUS]) == [3, 4, 5, 6]
+    assert drafted(drafter, [FENCE, PY, NL, DEF, PLUS, 3]) == [4, 5, 6, 7]
+
+
+def test_a_longer_new_name_and_dropped_tokens_are_found_again_a_token_or_two_later():
+    drafter = fresh(list(range(20)))
+    # 3 renamed to two tokens: after them, the prediction's 4 is its place again.
+    assert drafted(drafter, [0, 1, 2, 700, 701, 4]) == [5, 6, 7, 8]
+    # 9 and 10 dropped: 11 is found two past the place.
+    assert drafted(drafter, [0, 1, 2, 700, 701, 4, 5, 6, 7, 8, 11]) == [12, 13, 14, 15]

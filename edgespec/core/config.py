@@ -83,7 +83,6 @@ class PlannerConfig:
     resume_window: int = 256      # how far past a break a copy may pick up again
     resume_after: int = 8         # a copy that held this long in this text is picked up after a break
     prediction_longest_match: int = 16  # reply tokens compared when looking for a prediction's place again
-    prediction_near: int = 64     # a one-token match counts only this close to the old place
 
     @property
     def saved_sizes(self) -> frozenset[int]:

@@ -161,7 +161,7 @@ class Engine:
                rng: np.random.Generator | Coupling | None = None,
                cancel: threading.Event | None = None, shaping: Shaping | None = None,
                logprobs: int | None = None, drafter: Drafter | None = _DEFAULT,
-               num_draft: int | str | None = None) -> Iterator[Chunk]:
+               num_draft: int | str | None = None, cache_prompt: bool = True) -> Iterator[Chunk]:
         """Yield :class:`Chunk` objects as tokens are committed.
 
         Bad arguments raise here, before any work. The last chunk has
@@ -174,7 +174,8 @@ class Engine:
         distribution at every position, speculative or not. ``logprobs``: report
         each token's log-probability and this many alternatives (``Chunk.logprobs``).
         ``drafter`` and ``num_draft``: this generation's, instead of the engine's own
-        (the engine's settings stay as they are).
+        (the engine's settings stay as they are). ``cache_prompt=False``: evaluate the
+        whole prompt, reusing nothing cached (llama-server's ``cache_prompt``).
         """
         params = params or SamplingParams()
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
@@ -203,7 +204,7 @@ class Engine:
                                 prompt_tokens=len(prompt_ids))
         run = Run(list(prompt_ids), params, rng or make_rng(params), max_tokens, speculative, stats,
                   n_ctx, planner, cancelled=cancel or threading.Event(), shaping=shaping,
-                  logprobs=logprobs)
+                  logprobs=logprobs, cache_prompt=bool(cache_prompt))
         with self._runs_lock:
             self._runs.add(run)
         return self._generation(run, stop)
@@ -334,7 +335,11 @@ class Engine:
         """Evaluate the prompt but its last token into the target's cache, in
         chunks between which a cancel is seen; False if cancelled."""
         prompt = run.context[:-1]
-        done, run.stats.prompt_restored_tokens = self.target_cache.reuse(prompt)
+        if run.cache_prompt:
+            done, run.stats.prompt_restored_tokens = self.target_cache.reuse(prompt)
+        else:
+            done = 0
+            self.target_cache.rewind(0)
         while done < len(prompt):
             if run.cancelled.is_set():
                 run.finish_reason = "cancelled"

@@ -32,6 +32,7 @@ class Run:
     finish_reason: str | None = None
     shaping: Shaping | None = None  # a request's bias, penalties, grammar (None: none)
     logprobs: int | None = None  # report log-probabilities, with this many alternatives
+    cache_prompt: bool = True  # False: evaluate the whole prompt, reusing no cached state
     # Set by Engine.cancel() any time after the call that made this run returned.
     cancelled: threading.Event = field(default_factory=threading.Event)
 
@@ -79,7 +80,7 @@ class Generation:
     logprobs: list[dict] | None = None  # with logprobs asked: an entry per token id
 
 
-_SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "seed")
+_SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "typical_p", "seed")
 
 
 def sampling_from(params: SamplingParams | None, options: dict) -> tuple[SamplingParams, dict]:

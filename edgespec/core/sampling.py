@@ -23,8 +23,12 @@ _TOP_P_CANDIDATES = 512  # the largest weights the host sorts first for top-p
 class SamplingParams:
     """How tokens are drawn. ``temperature == 0`` means greedy decoding.
 
-    ``top_k == 0``, ``top_p == 1`` and ``min_p == 0`` switch those filters off.
+    ``top_k == 0``, ``top_p == 1``, ``min_p == 0`` and ``typical_p == 1`` switch
+    those filters off (``typical_p``: locally typical sampling, llama.cpp's ``typ_p``).
     ``seed`` makes sampling reproducible; ``None`` draws a fresh seed.
+    ``temperature_last``: the filters see the probabilities at temperature 1 and
+    temperature applies to what they keep (llama.cpp's default sampler order);
+    otherwise temperature comes first (Hugging Face's and vLLM's).
     ``invariant``: seed-invariant sampling (:mod:`edgespec.core.coupling`): each token
     is decided by noise keyed by the seed and its position, so a seed gives one
     text whatever the drafter, k or speculation on or off. ``None`` (the default):
@@ -38,9 +42,11 @@ class SamplingParams:
     min_p: float = 0.0
     seed: int | None = None
     invariant: bool | None = None
+    typical_p: float = 1.0
+    temperature_last: bool = False
 
     def __post_init__(self) -> None:
-        for field in ("temperature", "top_p", "min_p"):  # "0.7" or None: say so, not TypeError
+        for field in ("temperature", "top_p", "min_p", "typical_p"):  # "0.7" or None: say so, not TypeError
             value = getattr(self, field)
             _check(isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool),
                    field, value, "a number")
@@ -50,10 +56,13 @@ class SamplingParams:
                and self.top_k >= 0, "top_k", self.top_k, "an integer >= 0 (0 disables it)")
         _check(0 < self.top_p <= 1, "top_p", self.top_p, "0 < top_p <= 1 (1 disables it)")
         _check(0 <= self.min_p < 1, "min_p", self.min_p, "0 <= min_p < 1 (0 disables it)")
+        _check(0 < self.typical_p <= 1, "typical_p", self.typical_p, "0 < typical_p <= 1 (1 disables it)")
         _check(self.seed is None or (isinstance(self.seed, (int, np.integer)) and self.seed >= 0),
                "seed", self.seed, "a non-negative integer, or None for a random seed")
         _check(self.invariant is None or isinstance(self.invariant, (bool, np.bool_)), "invariant",
                self.invariant, "True, False or None (on when a seed is given)")
+        _check(isinstance(self.temperature_last, (bool, np.bool_)), "temperature_last",
+               self.temperature_last, "True or False")
 
     @property
     def greedy(self) -> bool:
@@ -84,8 +93,10 @@ def _check(ok: bool, field: str, value, allowed: str) -> None:
 def logits_to_probs(logits, params: SamplingParams, *, out: np.ndarray | None = None):
     """Turn logits ``[..., V]`` into the probabilities sampling really uses.
 
-    Order: temperature, then top-k, top-p and min-p filters, then
-    renormalisation (the order of Hugging Face transformers and vLLM). At
+    Order: temperature, then top-k, typical-p, top-p and min-p filters, then
+    renormalisation (the order of Hugging Face transformers and vLLM; llama.cpp
+    puts typical-p between top-k and top-p too, but temperature last, which
+    ``params.temperature_last`` asks for). At
     temperature 0 the result is one-hot on the argmax (its first index where
     several tie). Each filter keeps a row's tokens as probable as the last one
     it keeps (ties at its cut stay in, as Hugging Face's top-k keeps them).
@@ -118,16 +129,36 @@ def weights_and_blocks(logits, params: SamplingParams, *, out: np.ndarray | None
         hot = xp.arange(vocab) == xp.argmax(logits, axis=-1, keepdims=True)
         weights = store(hot.astype(xp.float32), out)
         return weights, block_sums(weights)
+    filtered = 0 < params.top_k < vocab or params.top_p < 1.0 or params.min_p > 0.0 \
+        or params.typical_p < 1.0
+    if filtered and params.temperature_last and params.inverse_temperature != 1.0:
+        # The filters cut at temperature 1; temperature scales what they keep.
+        kept = _filtered(_exp_scaled(logits, 1.0, np.empty(logits.shape, np.float32)
+                                     if xp is np else None)[0], params) > 0
+        weights, _ = _exp_scaled(logits, params.inverse_temperature, out)
+        weights = store(xp.where(kept, weights, 0.0), out)
+        return weights, block_sums(weights)
     weights, blocks = _exp_scaled(logits, params.inverse_temperature, out)
-    filtered = 0 < params.top_k < vocab or params.top_p < 1.0 or params.min_p > 0.0
+    if filtered:
+        weights = _filtered(weights, params)
+        blocks = block_sums(weights)
+    return weights, blocks
+
+
+def _filtered(weights, params: SamplingParams):
+    """``weights`` through top-k, typical-p, top-p and min-p, in that order (in place on
+    the host)."""
+    xp, vocab = namespace(weights), weights.shape[-1]
     if 0 < params.top_k < vocab:  # the k-th largest weight: kept, and all as large
         weights = zero_below(weights, xp.partition(weights, vocab - params.top_k, axis=-1)
                              [..., vocab - params.top_k, None])
+    if params.typical_p < 1.0:
+        weights = _typical(weights, params.typical_p)
     if params.top_p < 1.0:
         weights = zero_below(weights, _top_p_threshold(weights, params.top_p))
     if params.min_p > 0.0:
         weights = zero_below(weights, params.min_p * weights.max(axis=-1, keepdims=True))
-    return weights, block_sums(weights) if filtered else blocks
+    return weights
 
 
 # exp(logit / T) unshifted is kept when every row's total lies in this range: the top
@@ -160,6 +191,28 @@ def _exp_scaled(logits, inverse_temperature: float, out: np.ndarray | None):
         shifted = (logits - logits.max(axis=-1, keepdims=True)).astype(xp.float32)
         weights = store(xp.exp(shifted * inverse_temperature), out)
     return weights, block_sums(weights)
+
+
+def _typical(weights, typical_p: float):
+    """Locally typical sampling (llama.cpp's ``llama_sampler_typical``): the tokens in
+    order of how far their surprise -log p lies from the row's entropy, up to and
+    including the one whose cumulative mass first exceeds ``typical_p`` (with the
+    tokens as far as it)."""
+    xp = namespace(weights)
+    p = (weights / total(weights)).astype(wide(xp))
+    present = p > 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        logp = xp.where(present, xp.log(xp.where(present, p, 1.0)), 0.0)
+        entropy = -(p * logp).sum(axis=-1, keepdims=True)
+        distance = xp.where(present, xp.abs(-logp - entropy), float("inf"))
+    order = xp.argsort(distance, axis=-1)
+    cumulative = xp.cumsum(xp.take_along_axis(p, order, axis=-1), axis=-1)
+    crossing = (cumulative[..., :-1] <= typical_p).sum(axis=-1, keepdims=True)
+    cut = xp.take_along_axis(xp.take_along_axis(distance, order, axis=-1), crossing, axis=-1)
+    if xp is np:  # (in place, as the other filters)
+        weights[distance > cut] = 0.0
+        return weights
+    return xp.where(distance <= cut, weights, 0.0)
 
 
 def _top_p_threshold(weights, top_p: float):

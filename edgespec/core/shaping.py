@@ -1,5 +1,6 @@
 """What a request changes in the target's distribution: logit bias, presence and
-frequency penalties, and a grammar's mask, applied to the target's logits row by row.
+frequency penalties, llama.cpp's repetition penalty, and a grammar's mask, applied
+to the target's logits row by row.
 
 Each is a function of the text before a position, so the target's distribution
 with them is as well defined per position as without them, and the exact
@@ -22,6 +23,7 @@ import numpy as np
 # OpenAI's ranges.
 BIAS_RANGE = (-100.0, 100.0)
 PENALTY_RANGE = (-2.0, 2.0)
+REPEAT_LAST_N = 64  # llama.cpp's default window for its repetition penalty
 
 
 class TokenRule(Protocol):
@@ -48,6 +50,10 @@ class Shaping:
     ``logit_bias``: token id -> added to its logit (OpenAI: -100..100).
     ``presence_penalty`` / ``frequency_penalty``: OpenAI's, over the tokens of the
     reply so far: logit[j] -= frequency · count[j] + presence · (count[j] > 0).
+    ``repeat_penalty`` / ``repeat_last_n``: llama.cpp's (``llama_sampler_penalties``):
+    every token among the last ``repeat_last_n`` of the context, prompt included
+    (0: none), has its logit divided by the penalty where positive
+    and multiplied by it where not (1: off).
     ``rule``: a grammar (:class:`TokenRule`); tokens it refuses get probability 0.
     """
 
@@ -55,6 +61,8 @@ class Shaping:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     rule: TokenRule | None = None
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = REPEAT_LAST_N
 
     def __post_init__(self) -> None:
         for name, value in (("presence_penalty", self.presence_penalty),
@@ -62,6 +70,14 @@ class Shaping:
             if not isinstance(value, (int, float)) or isinstance(value, bool) \
                     or not PENALTY_RANGE[0] <= value <= PENALTY_RANGE[1]:
                 raise ValueError(f"invalid {name}={value!r}: must be a number from -2 to 2")
+        if not isinstance(self.repeat_penalty, (int, float)) or isinstance(self.repeat_penalty, bool) \
+                or not 0 < self.repeat_penalty < float("inf"):
+            raise ValueError(f"invalid repeat_penalty={self.repeat_penalty!r}: must be a number > 0 "
+                             f"(1 switches it off)")
+        if not isinstance(self.repeat_last_n, int) or isinstance(self.repeat_last_n, bool) \
+                or self.repeat_last_n < 0:
+            raise ValueError(f"invalid repeat_last_n={self.repeat_last_n!r}: must be an integer >= 0 "
+                             f"(0 switches the penalty off)")
         if not isinstance(self.logit_bias, dict):
             raise ValueError(f"invalid logit_bias={self.logit_bias!r}: must map token ids to numbers")
         for token, bias in self.logit_bias.items():
@@ -78,7 +94,13 @@ class Shaping:
     @property
     def active(self) -> bool:
         """Whether anything changes at all."""
-        return bool(self.logit_bias or self.presence_penalty or self.frequency_penalty or self.rule)
+        return bool(self.logit_bias or self.presence_penalty or self.frequency_penalty or self.rule
+                    or self.repeats)
+
+    @property
+    def repeats(self) -> bool:
+        """Whether the repetition penalty changes anything."""
+        return self.repeat_penalty != 1.0 and self.repeat_last_n != 0
 
     def start(self, target, prompt_length: int) -> None:
         """Begin a reply of ``target`` after a prompt of ``prompt_length`` tokens."""
@@ -116,6 +138,8 @@ class Shaping:
         if len(self._bias_ids):
             keep = self._bias_ids < vocab
             out[:, self._bias_ids[keep]] += self._bias[keep]
+        if self.repeats:  # (before presence and frequency, as llama.cpp's penalties apply them)
+            self._repeat(out, context, drafts, first)
         if self.presence_penalty or self.frequency_penalty:
             counts = Counter([*context[self._start:], *drafts[:first]])
             for i in range(rows):
@@ -126,6 +150,17 @@ class Shaping:
             self.rule.sync(context[self._start:])
             out[~self.rule.masks(list(drafts[:first + rows - 1]), vocab)[first:]] = -np.inf
         return out
+
+    def _repeat(self, out: np.ndarray, context: Sequence[int], drafts: Sequence[int], first: int) -> None:
+        """llama.cpp's repetition penalty: row i over the last ``repeat_last_n`` tokens
+        before it, the context's and the round's drafts before row ``first + i``."""
+        window = self.repeat_last_n
+        tail = list(context[-window:])
+        for i in range(out.shape[0]):
+            ids = np.unique(np.asarray([*tail, *drafts[:first + i]][-window:], dtype=np.int64))
+            ids = ids[ids < out.shape[1]]
+            values = out[i, ids]
+            out[i, ids] = np.where(values <= 0, values * self.repeat_penalty, values / self.repeat_penalty)
 
     def _penalize(self, row: np.ndarray, counts: Counter) -> None:
         if not counts:

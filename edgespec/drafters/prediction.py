@@ -3,15 +3,19 @@
 
 The drafter keeps a place in the prediction, the token the reply is expected to
 say next, and drafts what follows it. Each token the reply commits either is the
-one at that place (the place moves on) or is not (an edit, or text around the
-prediction such as a code fence). After m such tokens the draft guesses that they
-replaced m of the prediction's (``f5`` renamed ``g5``) and drafts from m past the
-place, unless the reply's last tokens are found in the prediction: then the place
-moves to the occurrence nearest to where it was.
+one at that place (the place moves on) or is not: an edit, or text around the
+prediction such as a code fence or a sentence. After a token the prediction
+lacks, the draft guesses that it replaced the one at the place (``add`` renamed
+``plus``) and drafts from the token after it; after more, that they were inserted
+(a fence, a sentence) and drafts from the place itself. The place is found again
+at the next token that matches: the replaced one's successor, or the prediction's
+token one or two past the place (tokens dropped), or else where the reply's last
+tokens (two or more) stand in the prediction, the occurrence nearest to the place.
 Nearest, not latest as prompt lookup takes it, because an edit's prediction is
 followed in order: in a file whose functions differ only by a name or a number,
 the latest occurrence of ``return x *`` is almost never the one the reply is at.
-Where nothing matches, the place stays (text was inserted).
+One common token (a newline, ``def``) found far away says nothing about the place
+and does not move it; where nothing matches, the place stays.
 
 Like every drafter it only proposes: what the reply says is the target's alone.
 """
@@ -34,7 +38,7 @@ class PredictedOutput(DrafterBase):
     kind = COPY
 
     def __init__(self, prediction: Sequence[int] = (), *, config: PlannerConfig = DEFAULT_CONFIG):
-        self.config = config  # prediction_longest_match, prediction_near
+        self.config = config  # prediction_longest_match
         self.expect(prediction)
 
     def expect(self, prediction: Sequence[int]) -> None:
@@ -68,7 +72,8 @@ class PredictedOutput(DrafterBase):
         """The prediction's tokens after the reply's place in it."""
         self.prefill(context)
         self._follow(context, self._start)
-        start = self._place + self._missed  # (a replacement of as many tokens, if any)
+        # One token off the prediction: it replaced the one at the place; more: inserted.
+        start = self._place + 1 if self._missed == 1 else self._place
         draft = self.prediction[start:start + num_draft]
         if not draft:
             return Draft([])
@@ -85,20 +90,31 @@ class PredictedOutput(DrafterBase):
             self._restart()
         prediction = self.prediction
         for i in range(self._read, length):
-            token, replaced = context[start + i], self._place + self._missed
-            if self._missed and replaced < len(prediction) and prediction[replaced] == token:
-                self._place, self._missed, self._run = replaced + 1, 0, 1  # a replacement
-            elif self._place < len(prediction) and prediction[self._place] == token:
-                self._place, self._missed, self._run = self._place + 1, 0, self._run + 1
+            token, place = context[start + i], self._place
+            if place < len(prediction) and prediction[place] == token:  # in step (or after an insertion)
+                self._place, self._missed, self._run = place + 1, 0, self._run + 1
+            elif (found := self._next(token)) is not None:  # after replaced or dropped tokens
+                self._place, self._missed, self._run = found + 1, 0, 1
             else:
                 self._run = 0
                 self._missed += 1
                 self._find(list(context[start + max(0, i + 1 - self.config.prediction_longest_match):start + i + 1]))
         self._read = length
 
+    def _next(self, token: int) -> int | None:
+        """Where ``token`` continues the prediction just past the place: after the
+        tokens the reply replaced (as many as it said off the prediction), or one or
+        two prediction tokens further on (dropped); None if not there."""
+        prediction, place = self.prediction, self._place
+        for j in (place + self._missed, *range(place + 1, place + 3)):
+            if j < len(prediction) and prediction[j] == token:
+                return j
+        return None
+
     def _find(self, tail: list[int]) -> None:
         """Move the place to just past the occurrence in the prediction of the longest
-        suffix of ``tail``, the one nearest the old place; stay if there is none."""
+        suffix of ``tail`` (two tokens or more), the one nearest the old place; stay if
+        there is none."""
         best = None  # (match length, -distance, end)
         for end_token in self._where.get(tail[-1], ()):
             length = 1
@@ -106,8 +122,8 @@ class PredictedOutput(DrafterBase):
                     and self.prediction[end_token - length] == tail[-1 - length]:
                 length += 1
             end = end_token + 1
-            if length == 1 and abs(end - self._place) > self.config.prediction_near:
-                continue  # one common token far away says nothing about the place
+            if length < 2:
+                continue  # one common token says nothing about the place
             key = (length, -abs(end - self._place), end)
             if best is None or key > best:
                 best = key

@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.sse import EventSourceResponse, format_sse_event
 from pydantic import BaseModel, ValidationError
 
+from . import request_fields
 from .errors import ApiError, bad_request
 
 # What llama-server leaves open when it has an API key (its middleware's public
@@ -37,14 +38,18 @@ def api_key(key: str | None):
     return Depends(authorize)
 
 
-def body(model: type[BaseModel], **context):
+def body(model: type[BaseModel], route: str | None = None, **context):
     """The dependency that reads a request's JSON body (whatever its Content-Type) into
-    ``model``, validated with ``context``; a 400 names the first field at fault."""
+    ``model``, validated with ``context``; a 400 names the first field at fault.
+    ``route``: a completion route of :mod:`~edgespec.serve.request_fields`, whose
+    table is checked first (refused fields, unknown ones logged)."""
     async def read(http_request: Request):
         try:
             data = json.loads(await http_request.body())
         except (ValueError, RecursionError):
             raise ApiError(400, "the request body is not valid JSON") from None
+        if route is not None:
+            request_fields.check(route, data)
         try:
             return model.model_validate(data, context=context)
         except ValidationError as exc:

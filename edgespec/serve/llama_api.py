@@ -5,17 +5,17 @@ Field names and shapes follow llama.cpp's ``tools/server`` (its README and
 ``server.cpp``), so clients written for llama-server (Continue's llama.cpp
 provider, Zed's, web pages that read ``/props``) work unchanged. A ``/completion``
 body is an OpenAI completions body (:class:`~edgespec.serve.openai_api.CompletionBody`)
-in llama-server's names, with llama-server's own fields checked first. Sampling that
-would change the model's distribution (mirostat, repetition penalties, grammars) is
-refused with a 400 rather than ignored, as on the OpenAI endpoints.
+in llama-server's names, with llama-server's own fields checked first. Which fields
+are honoured and which refused (mirostat, XTC, ...) is
+:mod:`edgespec.serve.request_fields`'s table, as on the OpenAI endpoints.
 """
 
 from __future__ import annotations
 
 from importlib import metadata
-from typing import Annotated, Any
+from typing import Annotated
 
-from pydantic import (AfterValidator, AliasChoices, BaseModel, BeforeValidator, Field, PlainValidator,
+from pydantic import (AliasChoices, BaseModel, BeforeValidator, Field, PlainValidator,
                       StrictBool, StrictInt, StrictStr, create_model)
 
 from ..drafters import registry
@@ -23,27 +23,16 @@ from ..drafters.registry import BUILTIN
 from ..errors import EdgespecError
 from .errors import ApiError, invalid
 from .openai_api import CompletionBody, Request, Sampling, timings
+from .openai_fields import FLOOR, applied_samplers
+from ..core.shaping import Shaping
 from ..core.prompting import check_prompt_chars
 from ..core.sampling import SamplingParams
 from ..core.stats import GenerationStats
 
-# llama-server's sampling options edgespec does not have, each with the value that
-# switches it off (sent as is by clients that fill in every field): any other is a 400.
-NEUTRAL = {"mirostat": 0, "repeat_penalty": 1.0, "typical_p": 1.0, "tfs_z": 1.0,
-           "xtc_probability": 0.0, "dry_multiplier": 0.0, "top_n_sigma": -1.0, "n_probs": 0,
-           "ignore_eos": False, "grammar": "", "json_schema": None, "dynatemp_range": 0.0}
-# Fields llama-server takes that change nothing here (the cache is always reused,
-# exactly; there is one slot), checked only for their type.
-FLAGS = ("cache_prompt", "return_tokens", "timings_per_token")
+# Fields llama-server takes that shape the reply's JSON, checked for their type.
+FLAGS = ("return_tokens", "timings_per_token")
+MAX_N_PROBS = 20  # (as top_logprobs)
 MAX_STOPS = 64  # llama-server has no limit; a generous one keeps the matching cheap
-
-
-def _neutral(value, info):
-    neutral = NEUTRAL[info.field_name]
-    if value is not None and value != neutral and not (neutral is None and value == {}):
-        raise invalid(f"{info.field_name} is not supported: exact speculative decoding samples "
-                      f"the model's own distribution", info.field_name)
-    return value
 
 
 def _n_predict(n):
@@ -65,10 +54,10 @@ def _unlimited(max_tokens, info):
     return None if max_tokens == -1 or info.data.get("n_predict") is not None else max_tokens
 
 
-# llama-server's own fields, each neutral or refused, then the flags and n_predict.
-_Native = create_model("_Native", **{name: (Annotated[Any, AfterValidator(_neutral)], None) for name in NEUTRAL},
-                       **{name: (StrictBool, False) for name in FLAGS},
-                       n_predict=(Annotated[int | None, PlainValidator(_n_predict)], None))
+# llama-server's own fields: the flags, n_predict and n_probs.
+_Native = create_model("_Native", **{name: (StrictBool, False) for name in FLAGS},
+                       n_predict=(Annotated[int | None, PlainValidator(_n_predict)], None),
+                       n_probs=(Annotated[StrictInt, Field(ge=0, le=MAX_N_PROBS)], 0))
 
 
 class NativeCompletion(CompletionBody, _Native):
@@ -80,6 +69,10 @@ class NativeCompletion(CompletionBody, _Native):
         None, validation_alias=AliasChoices("max_completion_tokens", "max_tokens"))
     seed: Annotated[Sampling, BeforeValidator(lambda seed: None if seed == -1 else seed)] = None
     stop: Annotated[list[str], PlainValidator(_stops)] = []
+
+    def asked_logprobs(self) -> int | None:
+        """``n_probs``: each token's logprob and this many alternatives (0: none)."""
+        return self.n_probs or super().asked_logprobs()
 
     def request(self, defaults: SamplingParams) -> Request:
         """What this body asks for, sampling left unset taken from ``defaults``."""
@@ -161,32 +154,52 @@ def stop_type(reason: str, text: str, token_ids: list[int], stop: list[str],
     return "eos", ""
 
 
-def generation_settings(params: SamplingParams, max_tokens: int | None, stop: list[str],
-                        stream: bool, drafter: str, num_draft: int | str) -> dict:
-    """llama-server's ``params``: what a generation runs with (-1: none / no limit)."""
+def generation_settings(request: Request, drafter: str, num_draft: int | str) -> dict:
+    """llama-server's ``params``: what a generation runs with, as applied (-1: none /
+    no limit)."""
+    params, max_tokens, shaping = request.params, request.max_tokens, request.extras.shaping
+    shaping = shaping or Shaping()
     return {"seed": -1 if params.seed is None else params.seed,
             "temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p,
-            "min_p": params.min_p, "n_predict": -1 if max_tokens is None else max_tokens,
-            "max_tokens": -1 if max_tokens is None else max_tokens, "stop": stop,
-            "stream": stream, "n_probs": 0, "repeat_penalty": 1.0, "presence_penalty": 0.0,
-            "frequency_penalty": 0.0, "mirostat": 0, "typical_p": 1.0,
-            "samplers": ["top_k", "top_p", "min_p", "temperature"],
+            "min_p": params.min_p, "typical_p": params.typical_p,
+            "n_predict": -1 if max_tokens is None else max_tokens,
+            "max_tokens": -1 if max_tokens is None else max_tokens, "stop": request.stop,
+            "stream": request.stream, "n_probs": request.extras.logprobs or 0,
+            "repeat_penalty": shaping.repeat_penalty, "repeat_last_n": shaping.repeat_last_n,
+            "presence_penalty": shaping.presence_penalty, "frequency_penalty": shaping.frequency_penalty,
+            "mirostat": 0, "cache_prompt": request.cache_prompt,
+            "samplers": applied_samplers(params),
             "speculative.n_max": num_draft if isinstance(num_draft, int) else -1,
             "speculative": {"drafter": drafter, "num_draft": num_draft}}
 
 
-def completion_chunk(text: str, token_ids: list[int], predicted: int, from_draft: bool) -> dict:
+def probabilities(entries: list[dict], token_bytes) -> list[dict]:
+    """llama-server's ``completion_probabilities`` (``n_probs``): each token's id,
+    text, bytes and logprob, with its ``top_logprobs``."""
+    def one(token: int, logprob: float) -> dict:
+        piece = token_bytes(token)
+        return {"id": token, "token": piece.decode("utf-8", "replace"), "bytes": list(piece),
+                "logprob": max(logprob, FLOOR)}
+    return [{**one(e["id"], e["logprob"]),
+             "top_logprobs": [one(t, lp) for t, lp in e["top"] if lp > float("-inf")]} for e in entries]
+
+
+def completion_chunk(text: str, token_ids: list[int], predicted: int, from_draft: bool,
+                     probs: list[dict] | None = None) -> dict:
     """One streamed piece of a ``/completion`` (llama-server's partial result), with
-    edgespec's ``from_draft``."""
+    edgespec's ``from_draft``; ``probs``: its tokens' ``completion_probabilities``."""
     return {"index": 0, "content": text, "tokens": token_ids, "stop": False, "id_slot": 0,
-            "tokens_predicted": predicted, "from_draft": from_draft}
+            "tokens_predicted": predicted, "from_draft": from_draft,
+            **({"completion_probabilities": probs} if probs is not None else {})}
 
 
 def completion(model: str, text: str, token_ids: list[int], stats: GenerationStats,
-               stop: tuple[str, str], settings: dict, prompt, *, streamed: bool) -> dict:
+               stop: tuple[str, str], settings: dict, prompt, *, streamed: bool,
+               probs: list[dict] | None = None) -> dict:
     """A finished ``/completion`` (llama-server's final result; ``streamed``, it is the
-    last event, its text and tokens already sent)."""
-    return {"index": 0, "content": "" if streamed else text,
+    last event, its text and tokens already sent; ``probs``: the whole reply's
+    ``completion_probabilities``, not streamed)."""
+    return {**({"completion_probabilities": probs} if probs is not None and not streamed else {}),"index": 0, "content": "" if streamed else text,
             "tokens": [] if streamed else token_ids, "id_slot": 0, "stop": True,
             "model": model, "tokens_predicted": stats.generated_tokens,
             "tokens_evaluated": stats.prompt_tokens, "generation_settings": settings,

@@ -17,6 +17,8 @@ from . import llama_api
 from .llama_api import DetokenizeBody, NativeCompletion, TokenizeBody
 from .metrics import CONTENT_TYPE
 from .http import Whole, body, events, started
+from .openai_api import Request
+from .request_fields import NATIVE
 
 
 def add_native_routes(api, server) -> None:
@@ -30,7 +32,7 @@ def add_native_routes(api, server) -> None:
 
     @api.get("/props")
     async def props():
-        params = llama_api.generation_settings(settings.defaults, None, [], False,
+        params = llama_api.generation_settings(Request("completion", "", settings.defaults, None),
                                                server.drafters.default, settings.num_draft)
         return llama_api.props(
             model=model, model_path=str(target.path or target.name), n_ctx=engine.n_ctx,
@@ -40,11 +42,12 @@ def add_native_routes(api, server) -> None:
 
     @api.post("/completion")
     @api.post("/completions")
-    async def completion(native: NativeCompletion = body(NativeCompletion, vocab_size=vocab_size)):
+    async def completion(native: NativeCompletion = body(NativeCompletion, NATIVE, vocab_size=vocab_size)):
         request, return_tokens = native.request(settings.defaults), native.return_tokens
         generation = llama_api.generation_settings(
-            request.params, request.max_tokens, request.stop, request.stream,
-            request.drafter or server.drafters.default, request.num_draft or settings.num_draft)
+            request, request.drafter or server.drafters.default, request.num_draft or settings.num_draft)
+        probs = (lambda entries: llama_api.probabilities(entries, target.token_bytes)) \
+            if request.extras.logprobs is not None else None
 
         def final(chunks: list, streamed: bool) -> dict:
             text = "".join(c.text for c in chunks)
@@ -52,11 +55,13 @@ def add_native_routes(api, server) -> None:
             last = chunks[-1]
             stop = llama_api.stop_type(last.finish_reason, text, ids, request.stop, target.token_bytes)
             return llama_api.completion(model, text, ids if return_tokens else [], last.stats, stop,
-                                        generation, request.prompt, streamed=streamed)
+                                        generation, request.prompt, streamed=streamed,
+                                        probs=probs([e for c in chunks for e in c.logprobs or []])
+                                        if probs else None)
 
         stream = await started(server.run(request))
         if request.stream:
-            return events(_events(stream, return_tokens, final))
+            return events(_events(stream, return_tokens, final, probs))
         return Whole(stream, lambda chunks: final(chunks, False))
 
     @api.post("/tokenize")
@@ -74,8 +79,8 @@ def add_native_routes(api, server) -> None:
         return Response(server.metrics.exposition(), media_type=CONTENT_TYPE)
 
 
-async def _events(stream: AsyncIterator, return_tokens: bool,
-                  final: Callable[[list, bool], dict]) -> AsyncIterator[dict]:
+async def _events(stream: AsyncIterator, return_tokens: bool, final: Callable[[list, bool], dict],
+                  probs: Callable[[list], list] | None) -> AsyncIterator[dict]:
     """A ``/completion`` streamed as llama-server streams it: an event per token with
     its ``content`` and ``"stop": false``, then the final result (``"stop": true``,
     ``timings``), and no ``[DONE]``."""
@@ -84,9 +89,10 @@ async def _events(stream: AsyncIterator, return_tokens: bool,
         async for item in stream:
             chunks.append(item)
             predicted += len(item.token_ids)
-            if item.text or (return_tokens and item.token_ids):
+            if item.text or (return_tokens and item.token_ids) or (probs and item.logprobs):
                 yield llama_api.completion_chunk(
-                    item.text, item.token_ids if return_tokens else [], predicted, item.from_draft)
+                    item.text, item.token_ids if return_tokens else [], predicted, item.from_draft,
+                    probs(item.logprobs or []) if probs else None)
             if item.finish_reason is not None:
                 yield final(chunks, True)
     finally:

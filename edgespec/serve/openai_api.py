@@ -21,16 +21,17 @@ from pydantic import (AfterValidator, AliasChoices, BaseModel, BeforeValidator, 
 from ..drafters.registry import REQUEST_CHOICES
 from . import openai_fields as fields
 from .errors import invalid
-from .openai_fields import MAX_TOP_LOGPROBS, Extras, split_tool_calls, tool_names
+from .openai_fields import MAX_TOP_LOGPROBS, Extras, reply_calls, tool_names
 from ..core.grammar import Grammar
 from ..core.sampling import SamplingParams
-from ..core.shaping import Shaping
+from ..core.shaping import REPEAT_LAST_N, Shaping
 from ..core.stats import GenerationStats
 
 DRAFTERS = REQUEST_CHOICES  # a request's speculative.drafter
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
          "tool": "tool"}
-SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed")
+PENALTIES = ("presence_penalty", "frequency_penalty", "repeat_penalty", "repeat_last_n")
+SAMPLING = ("temperature", "top_p", "top_k", "min_p", "typical_p", "seed")
 
 
 @dataclass
@@ -48,6 +49,7 @@ class Request:
     drafter: str | None = None     # a DRAFTERS name; None: the server's default
     num_draft: int | str | None = None  # k or "auto"; None: the server's default
     extras: Extras = field(default_factory=Extras)  # response_format, tools, logprobs, ...
+    cache_prompt: bool = True      # False: nothing cached is reused for the prompt
 
 
 def _sampling(value, info):
@@ -79,6 +81,13 @@ def _stop(stop) -> list[str]:
 def _num_draft(k):
     if k is not None and k != "auto" and not (isinstance(k, int) and not isinstance(k, bool) and k >= 1):
         raise invalid('must be an integer >= 1 or "auto"')
+    return k
+
+
+def _n_max(k):
+    """llama-server's ``speculative.n_max``: the most tokens a draft has (edgespec's k)."""
+    if k is not None and not (isinstance(k, int) and not isinstance(k, bool) and k >= 1):
+        raise invalid("must be an integer >= 1", "speculative.n_max")
     return k
 
 
@@ -150,22 +159,31 @@ class _Shared(BaseModel):
     prediction: Annotated[str | None, PlainValidator(fields.prediction)] = None
     tools: Annotated[list[dict] | None, PlainValidator(fields.tools)] = None
     tool_choice: Annotated[str | dict | None, PlainValidator(fields.tool_choice)] = None
+    parallel_tool_calls: StrictBool = True
+    grammar: Annotated[Grammar | None, PlainValidator(fields.gbnf)] = None
+    json_schema: Annotated[Grammar | None, PlainValidator(fields.json_schema)] = None
     response_format: Annotated[Grammar | None, PlainValidator(fields.response_format)] = \
-        Field(None, validate_default=True)  # (tool_choice's grammar, too)
+        Field(None, validate_default=True)  # (grammar's, json_schema's, tool_choice's, too)
     logit_bias: Annotated[dict[int, float], PlainValidator(fields.logit_bias)] = {}
     presence_penalty: Annotated[float, PlainValidator(fields.penalty)] = 0.0
     frequency_penalty: Annotated[float, PlainValidator(fields.penalty)] = 0.0
+    repeat_penalty: Annotated[float, PlainValidator(fields.penalty)] = 1.0
+    repeat_last_n: Annotated[int, PlainValidator(fields.penalty)] = REPEAT_LAST_N
     temperature: Sampling = None  # (in the order SamplingParams checks them)
     top_k: Sampling = None
     top_p: Sampling = None
     min_p: Sampling = None
+    typical_p: Sampling = None
     seed: Sampling = None
+    samplers: Annotated[tuple[str, ...] | None, PlainValidator(fields.samplers)] = None
+    cache_prompt: StrictBool = True
     max_tokens: Annotated[StrictInt, Field(ge=1)] | None = Field(
         None, validation_alias=AliasChoices("max_completion_tokens", "max_tokens"))
     stream: StrictBool = False
     stream_options: Annotated[dict, BeforeValidator(lambda options: options or {})] = {}
     model: StrictStr | None = None
     speculative: Speculative | None = None
+    n_max: Annotated[int | None, PlainValidator(_n_max)] = Field(None, alias="speculative.n_max")
     stop: Annotated[list[str], PlainValidator(_stop)] = []
 
     @model_validator(mode="after")
@@ -194,17 +212,20 @@ class _Shared(BaseModel):
 
     def request(self, defaults: SamplingParams) -> Request:
         """What this body asks for, sampling left unset taken from ``defaults``."""
-        shaping = Shaping(self.logit_bias, self.presence_penalty, self.frequency_penalty,
-                          self.response_format)
-        extras = Extras(shaping if shaping.active else None, self.asked_logprobs(), self.tools,
-                        (self.tool_choice or "auto") if self.tools else "none", self.prediction)
         sampling = {name: getattr(self, name) for name in SAMPLING if getattr(self, name) is not None}
+        penalties = {name: getattr(self, name) for name in PENALTIES}
+        params, penalties = fields.in_order(self.samplers, defaults.with_(**sampling), penalties)
+        shaping = Shaping(self.logit_bias, rule=self.response_format, **penalties)
+        extras = Extras(shaping if shaping.active else None, self.asked_logprobs(), self.tools,
+                        (self.tool_choice or "auto") if self.tools else "none", self.prediction,
+                        self.parallel_tool_calls)
         speculative, chat = self.speculative or Speculative(), isinstance(self, ChatBody)
         return Request("chat" if chat else "completion",
                        [m.plain() for m in self.messages] if chat else self.prompt,
-                       defaults.with_(**sampling), self.max_tokens, self.stop, self.stream,
+                       params, self.max_tokens, self.stop, self.stream,
                        bool(self.stream_options.get("include_usage")), self.model,
-                       speculative.drafter, speculative.num_draft, extras)
+                       speculative.drafter, speculative.num_draft or self.n_max, extras,
+                       self.cache_prompt)
 
 
 class ChatBody(_Shared, _Messages):
@@ -273,7 +294,7 @@ def response(request: Request, id: str, model: str, text: str, reason: str,
         message = {"role": "assistant", "content": text}
         calls = []
         if tool_names(request.extras):
-            message["content"], calls = split_tool_calls(text, tool_names(request.extras))
+            message["content"], calls = reply_calls(text, request.extras)
             if calls:
                 message["tool_calls"] = calls
         choice = {"index": 0, "message": message, "logprobs": logprobs,

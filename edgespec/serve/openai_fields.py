@@ -1,6 +1,7 @@
-"""The OpenAI request fields that change what a reply must be, checked, and the
-reply shapes they bring: ``response_format``, ``tools`` and ``tool_choice``,
-``logprobs``, ``logit_bias``, the penalties and ``prediction``.
+"""The request fields that change what a reply must be, checked, and the reply
+shapes they bring: ``response_format``, llama-server's ``grammar`` and
+``json_schema``, ``tools``, ``tool_choice`` and ``parallel_tool_calls``,
+``logprobs``, ``logit_bias``, the penalties, ``samplers`` and ``prediction``.
 
 Each field is either honoured exactly or refused with a 400 naming it: nothing
 that changes what the reply must be is ignored. Tools go through the model's own
@@ -18,7 +19,7 @@ from typing import Sequence
 
 from ..core.grammar import Grammar
 from ..core.shaping import Shaping
-from .errors import invalid
+from .errors import ApiError, invalid
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 MAX_TOP_LOGPROBS = 20
@@ -34,6 +35,7 @@ class Extras:
     tools: list[dict] | None = None      # for the chat template
     tool_choice: str | dict = "auto"
     prediction: str | None = None
+    parallel_tool_calls: bool = True     # False: at most one call
 
 
 # -- the fields' validators (pydantic's, in openai_api's request models) ---------------------
@@ -82,11 +84,15 @@ def logit_bias(bias) -> dict[int, float]:
     return out
 
 
-def penalty(value, info) -> float:
-    """``presence_penalty`` or ``frequency_penalty``: -2..2."""
+def penalty(value, info):
+    """``presence_penalty`` or ``frequency_penalty`` (-2..2), ``repeat_penalty`` (> 0)
+    or ``repeat_last_n`` (>= 0; -1: the whole context, as llama-server reads it)."""
+    name = info.field_name
     if value is None:
-        return 0.0
-    Shaping(**{info.field_name: value})  # its own checks (ValueError: named by pydantic)
+        return Shaping.__dataclass_fields__[name].default
+    if name == "repeat_last_n" and value == -1 and not isinstance(value, bool):
+        value = info.context.get("n_ctx", 1 << 30)
+    Shaping(**{name: value})  # its own checks (ValueError: named by pydantic)
     return value
 
 
@@ -125,16 +131,45 @@ def tool_choice(choice, info) -> str | dict | None:
     return choice
 
 
+def gbnf(text) -> Grammar | None:
+    """llama-server's ``grammar``: GBNF, converted to llguidance's Lark (empty: none)."""
+    if text is None or text == "":
+        return None
+    if not isinstance(text, str):
+        raise invalid("must be a GBNF grammar (a string)")
+    from llguidance.gbnf_to_lark import gbnf_to_lark
+    try:
+        return Grammar.lark(gbnf_to_lark(text))
+    except Exception as exc:  # noqa: BLE001 - the converter's or llguidance's message, said plainly
+        raise invalid(f"is not a usable GBNF grammar ({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__})") from None
+
+
+def json_schema(schema) -> Grammar | None:
+    """llama-server's ``json_schema``: the schema the reply follows (``{}`` or null: none)."""
+    if schema is None or schema == {}:
+        return None
+    if not isinstance(schema, dict):
+        raise invalid("must be a JSON schema (an object)")
+    try:
+        return Grammar.json_schema(schema)
+    except ValueError as exc:
+        raise invalid(str(exc)) from None
+
+
 def response_format(option, info) -> Grammar | None:
-    """The grammar a reply must follow: ``response_format``'s, or the one ``tool_choice``
-    ``required`` or a named function asks for (not both)."""
-    grammars = [g for g in (_format_grammar(option),
-                            _tool_grammar(info.data.get("tools"), info.data.get("tool_choice")))
-                if g is not None]
-    if len(grammars) > 1:
-        raise invalid("response_format cannot be combined with tool_choice 'required' or a named "
-                      "function: use one", "response_format")
-    return grammars[0] if grammars else None
+    """The grammar a reply must follow: ``response_format``'s, ``grammar``'s,
+    ``json_schema``'s, or the one ``tool_choice`` ``required`` or a named function asks
+    for (one of them)."""
+    asked = [(name, g) for name, g in (
+        ("response_format", _format_grammar(option)), ("grammar", info.data.get("grammar")),
+        ("json_schema", info.data.get("json_schema")),
+        ("tool_choice", _tool_grammar(info.data.get("tools"), info.data.get("tool_choice"),
+                                      info.data.get("parallel_tool_calls", True))))
+        if g is not None]
+    if len(asked) > 1:
+        raise invalid(f"{asked[0][0]} cannot be combined with {asked[1][0]}: each constrains the "
+                      f"whole reply, use one", asked[0][0])
+    return asked[0][1] if asked else None
 
 
 def _format_grammar(option) -> Grammar | None:
@@ -158,8 +193,9 @@ def _format_grammar(option) -> Grammar | None:
                   "response_format.type")
 
 
-def _tool_grammar(tools: list[dict] | None, choice) -> Grammar | None:
-    """``required``: one or more calls of the listed functions; a named function: one call of it."""
+def _tool_grammar(tools: list[dict] | None, choice, parallel: bool = True) -> Grammar | None:
+    """``required``: one or more calls of the listed functions (one with ``parallel``
+    false); a named function: one call of it."""
     if not tools or choice in (None, "auto", "none"):
         return None
     named = choice["function"]["name"] if isinstance(choice, dict) else None
@@ -169,7 +205,7 @@ def _tool_grammar(tools: list[dict] | None, choice) -> Grammar | None:
         "required": ["name", "arguments"]}
         for t in tools if named is None or t["function"]["name"] == named]
     call = f'"{CALL_OPEN}\\n" %json {json.dumps({"anyOf": options})} "\\n{CALL_CLOSE}"'
-    repeat = "" if named else ' ("\\n" call)*'
+    repeat = "" if named or not parallel else ' ("\\n" call)*'
     try:
         return Grammar.lark(f"start: call{repeat}\ncall: {call}")
     except ValueError as exc:
@@ -211,6 +247,13 @@ def split_tool_calls(text: str, names: Sequence[str]) -> tuple[str | None, list[
         return text, []
     content = text[:first].strip()
     return content or None, calls
+
+
+def reply_calls(text: str, extras: Extras) -> tuple[str | None, list[dict]]:
+    """:func:`split_tool_calls` for a reply to ``extras``: its first call only with
+    ``parallel_tool_calls: false``."""
+    content, calls = split_tool_calls(text, tool_names(extras))
+    return content, calls if extras.parallel_tool_calls else calls[:1]
 
 
 def tool_names(extras: Extras) -> list[str]:
@@ -271,3 +314,76 @@ def completion_logprobs(entries: list[dict], token_bytes, offset: int = 0) -> di
             "top_logprobs": [{token_bytes(t).decode("utf-8", "replace"): lp for t, lp in e["top"]
                               if lp > float("-inf")} for e in entries],
             "text_offset": offsets}
+
+
+# -- samplers: llama-server's order of the sampling stages ---------------------------------
+
+# llama.cpp's stage names, with its aliases (kebab-case, no dash, nucleus, temp, typ),
+# and its one-letter codes (common/sampling.cpp).
+_STAGES = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc",
+           "temperature", "infill", "adaptive_p")
+_ALIASES = {**{name: name for name in _STAGES}, **{n.replace("_", "-"): n for n in _STAGES},
+            **{n.replace("_", ""): n for n in _STAGES}, "nucleus": "top_p", "temp": "temperature",
+            "typ": "typ_p", "typical_p": "typ_p"}
+_CODES = {"d": "dry", "k": "top_k", "y": "typ_p", "p": "top_p", "s": "top_n_sigma", "m": "min_p",
+          "t": "temperature", "x": "xtc", "i": "infill", "e": "penalties", "a": "adaptive_p"}
+FILTERS = ("top_k", "typ_p", "top_p", "min_p")  # edgespec's order of the filters
+
+
+def samplers(value) -> tuple[str, ...] | None:
+    """llama-server's ``samplers``: stage names (its aliases too) or a string of their
+    letters (``"kypmt"``), as llama.cpp's canonical names."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if bad := [c for c in value if c not in _CODES]:
+            raise invalid(f"{bad[0]!r} is not a sampler letter (one of {''.join(_CODES)})")
+        return tuple(_CODES[c] for c in value)
+    if not isinstance(value, list) or not all(isinstance(n, str) for n in value):
+        raise invalid("must be a list of sampler names or a string of sampler letters")
+    if bad := [n for n in value if n.lower() not in _ALIASES]:
+        raise invalid(f"{bad[0]!r} is not a sampler (one of {', '.join(_STAGES)})")
+    return tuple(_ALIASES[n.lower()] for n in value)
+
+
+def in_order(order: tuple[str, ...] | None, params, penalties: dict):
+    """The sampling ``params`` and ``penalties`` (Shaping's fields) that ``order``
+    (llama-server's ``samplers``) gives, exactly as llama-server reads it: a stage
+    left out is not applied. An order edgespec cannot sample exactly is a 400: the
+    filters must come as top_k, typ_p, top_p, min_p, the penalties before them and
+    temperature, and temperature before or after all of typ_p, top_p and min_p
+    that are on (llama.cpp's default order puts it after them)."""
+    if order is None:
+        return params, penalties
+    if "infill" in order:
+        raise ApiError(400, "the infill sampler is not supported: it changes the model's distribution "
+                      "for fill-in-the-middle", param="samplers")
+    off = {"top_k": {"top_k": 0}, "typ_p": {"typical_p": 1.0}, "top_p": {"top_p": 1.0},
+           "min_p": {"min_p": 0.0}, "temperature": {"temperature": 1.0}}
+    params = params.with_(**{k: v for stage, o in off.items() if stage not in order for k, v in o.items()})
+    if "penalties" not in order:
+        penalties = {**penalties, "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+    on = {"top_k": 0 < params.top_k, "typ_p": params.typical_p < 1.0, "top_p": params.top_p < 1.0,
+          "min_p": params.min_p > 0.0, "temperature": not params.greedy and params.temperature != 1.0,
+          "penalties": penalties.get("repeat_penalty", 1.0) != 1.0 or bool(
+              penalties.get("presence_penalty")) or bool(penalties.get("frequency_penalty"))}
+    at = {stage: order.index(stage) for stage in order if on.get(stage)}
+    filters = [f for f in sorted(at, key=at.get) if f in FILTERS]
+    if filters != [f for f in FILTERS if f in at]:
+        raise ApiError(400, f"edgespec applies the filters in the order {', '.join(FILTERS)}; "
+                      f"{' before '.join(filters)} is another distribution",
+                       param="samplers")
+    if "penalties" in at and any(at[s] < at["penalties"] for s in at if s != "penalties"):
+        raise ApiError(400, "the penalties must come before the filters and temperature", param="samplers")
+    scaled = [at[f] > at["temperature"] for f in ("typ_p", "top_p", "min_p") if f in at] \
+        if "temperature" in at else []
+    if scaled and any(scaled) != all(scaled):
+        raise ApiError(400, "temperature must come before all of typ_p, top_p and min_p that are on, or "
+                      "after all of them", param="samplers")
+    return params.with_(temperature_last=bool(scaled) and not scaled[0]), penalties
+
+
+def applied_samplers(params) -> list[str]:
+    """The stages a generation with ``params`` applies, in order (llama-server's names)."""
+    return ["penalties", *FILTERS, "temperature"] if params.temperature_last else \
+        ["penalties", "temperature", *FILTERS]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import AsyncIterator, Callable
 
 from .openai_api import Request, chunk, response, usage_chunk
-from .openai_fields import chat_logprobs, completion_logprobs, may_be_call, split_tool_calls, tool_names
+from .openai_fields import chat_logprobs, completion_logprobs, may_be_call, reply_calls, tool_names
 
 
 def logprobs_of(request: Request, entries: list[dict] | None, token_bytes, offset: int = 0) -> dict | None:
@@ -36,7 +36,7 @@ async def stream_reply(request: Request, id: str, model: str, stream: AsyncItera
                 if not may_be_call(held):
                     text, held, holding = held, "", False
             if item.finish_reason is not None:
-                calls = split_tool_calls("".join(whole), names)[1] if names else []
+                calls = reply_calls("".join(whole), request.extras)[1] if names else []
                 text += held if not calls else ""
                 if text:
                     yield chunk(request, id, model, text)

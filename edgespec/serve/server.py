@@ -41,6 +41,7 @@ from .openai_api import ChatBody, CompletionBody, Request, new_id
 from .openai_fields import template_messages
 from .page import add_page_routes
 from .replies import stream_reply, whole_reply
+from .request_fields import CHAT, COMPLETIONS
 from ..core.sampling import SamplingParams
 from .http import OPEN_PATHS, Whole, api_key, body, events, started
 
@@ -113,13 +114,13 @@ class Server:
         speculative = drafter is not None
         num_draft = request.num_draft or self.settings.num_draft
         extras = request.extras
-        if extras.prediction is not None:  # drafted from, in auto mode, whatever else was asked
+        if extras.prediction is not None:  # drafted from, in auto mode unless a k was asked
             self.prediction.expect(engine.target.tokenize(extras.prediction, add_bos=False, special=False))
-            drafter, num_draft, speculative = self.prediction, AUTO, True
+            drafter, num_draft, speculative = self.prediction, request.num_draft or AUTO, True
         options = dict(max_tokens=request.max_tokens or engine.n_ctx, stop=request.stop,
                        speculative=speculative, cancel=cancel, shaping=extras.shaping,
                        logprobs=extras.logprobs, drafter=drafter if speculative else None,
-                       num_draft=num_draft if speculative else 1)
+                       num_draft=num_draft if speculative else 1, cache_prompt=request.cache_prompt)
         if request.kind == "chat":
             tools = extras.tools if extras.tool_choice != "none" else None
             if tools and not template_has_tools(engine.target.chat_template()):
@@ -255,11 +256,11 @@ def create_app(engine: Engine, settings: ServerSettings, *, worker_thread: bool 
         return Whole(stream, whole_reply(request, id, model, engine.target.token_bytes))
 
     @api.post("/v1/chat/completions")
-    async def chat_completions(chat: ChatBody = body(ChatBody, vocab_size=vocab_size)):
+    async def chat_completions(chat: ChatBody = body(ChatBody, CHAT, vocab_size=vocab_size)):
         return await complete(chat.request(settings.defaults))
 
     @api.post("/v1/completions")
-    async def completions(completion: CompletionBody = body(CompletionBody, vocab_size=vocab_size)):
+    async def completions(completion: CompletionBody = body(CompletionBody, COMPLETIONS, vocab_size=vocab_size)):
         return await complete(completion.request(settings.defaults))
 
     @api.get("/v1/models")
