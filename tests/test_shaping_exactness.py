@@ -33,6 +33,10 @@ def penalties() -> Shaping:
     return Shaping(presence_penalty=1.0, frequency_penalty=2.0)
 
 
+def repeats() -> Shaping:  # llama.cpp's penalty over a window of 3, the prompt's tokens in it
+    return Shaping(repeat_penalty=1.8, repeat_last_n=3)
+
+
 def biased() -> Shaping:
     return Shaping(logit_bias={3: 4.0, 4: -100.0}, frequency_penalty=1.5)
 
@@ -102,8 +106,8 @@ def toy():
     return ToyBackend.random(VOCAB, seed=1, scale=1.5, eos_token_id=EOS)
 
 
-@pytest.mark.parametrize("make_shaping, seed", [(penalties, 30), (biased, 31), (grammar, 32)],
-                         ids=["penalties", "bias", "grammar"])
+@pytest.mark.parametrize("make_shaping, seed", [(penalties, 30), (biased, 31), (grammar, 32), (repeats, 34)],
+                         ids=["penalties", "bias", "grammar", "repeat_penalty"])
 @pytest.mark.slow
 @pytest.mark.parametrize("drafter", ["model", "lookup"])
 def test_shaped_sampling_is_exact_on_the_toy_model(make_shaping, seed, drafter):
@@ -122,12 +126,15 @@ def test_shaped_sampling_is_exact_on_the_toy_model(make_shaping, seed, drafter):
 
 
 @pytest.mark.slow
-def test_penalties_counted_without_the_rounds_drafts_fail_the_same_test():
+@pytest.mark.parametrize("make_shaping, broken", [
+    (penalties, lambda: CommittedOnly(presence_penalty=1.0, frequency_penalty=2.0)),
+    (repeats, lambda: CommittedOnly(repeat_penalty=1.8, repeat_last_n=3))],
+    ids=["penalties", "repeat_penalty"])
+def test_penalties_counted_without_the_rounds_drafts_fail_the_same_test(make_shaping, broken):
     target = toy()
     params = SamplingParams(temperature=1.0)
-    expected = exact_shaped(target, PROMPT, params, penalties)
+    expected = exact_shaped(target, PROMPT, params, make_shaping)
     engine = Engine(target, DraftModel(target.perturbed(noise=1.0, seed=2)), num_draft=3)
-    broken = lambda: CommittedOnly(presence_penalty=1.0, frequency_penalty=2.0)  # noqa: E731
     counts, _, _ = sample_shaped(engine, PROMPT, params, broken, 12_000, 30)
     assert chi_square_pvalue(counts, expected) < SIGNIFICANCE
 
@@ -157,20 +164,30 @@ def test_every_output_follows_the_grammar():
         assert set(text[2:]) <= set("abcdef"), text
 
 
-def test_shaped_sampling_is_exact_on_llamacpp(tiny_gguf_pair):
-    """Penalties and bias through llama.cpp, a draft model drafting (chi-square, 0.001)."""
+@pytest.mark.parametrize("drafter, repeat", [
+    ("model", False), pytest.param("model", True, marks=pytest.mark.slow),
+    pytest.param("lookup", True, marks=pytest.mark.slow)], ids=["model", "model-repeat", "lookup-repeat"])
+def test_shaped_sampling_is_exact_on_llamacpp(tiny_gguf_pair, drafter, repeat):
+    """Penalties and bias through llama.cpp, a draft model or prompt lookup drafting
+    (chi-square, 0.001); with ``repeat``, llama.cpp's repetition penalty over a window
+    of 3 tokens instead of the bias."""
     target = LlamaCppBackend(tiny_gguf_pair[0], n_ctx=64)
-    draft = LlamaCppBackend(tiny_gguf_pair[1], n_ctx=64)
-    prompt, params = [1, 4, 5, 6], SamplingParams(temperature=1.0, top_k=6)
-    make = lambda: Shaping(logit_bias={5: 2.0}, presence_penalty=1.5, frequency_penalty=1.0)  # noqa: E731
-    expected = exact_shaped(target, prompt, params, make)
-    engine = Engine(target, DraftModel(draft), num_draft=2)
-    counts, drafted, accepted = sample_shaped(engine, prompt, params, make, 5000, seed=22)
+    # (a prompt that repeats itself: prompt lookup finds copies to draft)
+    prompt, params = [1, 4, 5, 6, 1, 4] if drafter == "lookup" else [1, 4, 5, 6], \
+        SamplingParams(temperature=1.0, top_k=6)
+    fields = dict(repeat_penalty=2.0, repeat_last_n=3) if repeat else dict(logit_bias={5: 2.0})
+    fields.update(presence_penalty=1.5, frequency_penalty=1.0)
+    expected = exact_shaped(target, prompt, params, lambda: Shaping(**fields))
+    made = DraftModel(LlamaCppBackend(tiny_gguf_pair[1], n_ctx=64)) if drafter == "model" else \
+        PromptLookup(min_ngram=1, max_ngram=3)
+    engine = Engine(target, made, num_draft=2)
+    counts, drafted, accepted = sample_shaped(engine, prompt, params, lambda: Shaping(**fields), 5000, seed=22)
     assert 0 < accepted < drafted
     assert chi_square_pvalue(counts, expected) > SIGNIFICANCE
-    broken = lambda: CommittedOnly(logit_bias={5: 2.0}, presence_penalty=1.5, frequency_penalty=1.0)  # noqa: E731
-    counts, _, _ = sample_shaped(engine, prompt, params, broken, 5000, seed=22)
-    assert chi_square_pvalue(counts, expected) < SIGNIFICANCE
+    if drafter == "model":  # (prompt lookup's drafts here are rarely accepted past their first
+        # token, where the broken variant differs: the draft model's show it)
+        counts, _, _ = sample_shaped(engine, prompt, params, lambda: CommittedOnly(**fields), 5000, seed=22)
+        assert chi_square_pvalue(counts, expected) < SIGNIFICANCE
     engine.close()
 
 
