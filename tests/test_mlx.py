@@ -230,6 +230,8 @@ def test_mlx_drafts_and_verifies_with_one_host_sync_each_per_round(exactness_pai
 @pytest.mark.parametrize("params", [
     SamplingParams(temperature=0.7), SamplingParams(temperature=1.2, top_k=40),
     SamplingParams(temperature=0.9, top_p=0.8), SamplingParams(temperature=1.0, min_p=0.05),
+    SamplingParams(temperature=0.8, typical_p=0.7),
+    SamplingParams(temperature=0.6, top_k=50, typical_p=0.9, top_p=0.9, temperature_last=True),
     SamplingParams(temperature=0)])
 def test_device_probabilities_equal_the_host_ones(params):
     import mlx.core as mx

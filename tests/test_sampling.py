@@ -117,3 +117,39 @@ def test_probabilities_match_a_float64_softmax_at_any_logit_scale(temperature, o
         top = int(np.argmax(expected[i]))
         assert rows.prob(i, top) == pytest.approx(expected[i, top], rel=1e-5)
         assert rows.top(2)[i] == pytest.approx(expected[i].max(), rel=1e-5)
+
+
+def llama_cpp_typical(probs: np.ndarray, p: float) -> set[int]:
+    """llama.cpp's llama_sampler_typical_apply, line by line (min_keep 0): the tokens kept."""
+    entropy = -(probs * np.log(probs)).sum()
+    shifted = np.abs(-np.log(probs) - entropy)
+    indices = sorted(range(len(probs)), key=lambda i: shifted[i])
+    cum_sum, last_idx = 0.0, len(indices)
+    for i, idx in enumerate(indices):
+        cum_sum += probs[idx]
+        if cum_sum > p:
+            last_idx = i + 1
+            break
+    return set(indices[:last_idx])
+
+
+@pytest.mark.parametrize("seed, typical_p", [(0, 0.5), (1, 0.9), (2, 0.2), (3, 0.99)])
+def test_typical_p_keeps_what_llama_cpp_keeps(seed, typical_p):
+    logits = np.random.default_rng(seed).normal(0, 2, 200)
+    probs = logits_to_probs(logits, SamplingParams(temperature=1, typical_p=typical_p))
+    softmax = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
+    kept = llama_cpp_typical(softmax, typical_p)
+    assert set(np.flatnonzero(probs)) == kept and len(kept) < len(logits)
+    np.testing.assert_allclose(probs[list(kept)], softmax[list(kept)] / softmax[list(kept)].sum(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("filters", [dict(top_p=0.8), dict(min_p=0.1), dict(typical_p=0.7),
+                                     dict(top_k=20, top_p=0.9, min_p=0.02)])
+def test_temperature_last_filters_at_temperature_one_then_scales_what_they_keep(filters):
+    logits = np.random.default_rng(4).normal(0, 2, 300)
+    at_one = logits_to_probs(logits, SamplingParams(temperature=1, **filters)) > 0
+    last = logits_to_probs(logits, SamplingParams(temperature=0.5, temperature_last=True, **filters))
+    scaled = np.where(at_one, np.exp((logits - logits.max()) / 0.5), 0.0)
+    np.testing.assert_allclose(last, scaled / scaled.sum(), rtol=1e-5, atol=1e-9)
+    first = logits_to_probs(logits, SamplingParams(temperature=0.5, **filters))
+    assert (first > 0).sum() != at_one.sum()  # the order changes what is kept here
