@@ -136,3 +136,180 @@ def test_bad_fields_are_refused_by_name(served, fields, param):
     reply = httpx.post(served.url + "/v1/chat/completions", json=body, timeout=60)
     assert reply.status_code == 400, reply.text
     assert reply.json()["error"]["param"] == param
+
+
+# -- the table of request fields (edgespec.serve.request_fields), row by row -----------------
+
+from pathlib import Path  # noqa: E402
+
+from edgespec.serve import request_fields  # noqa: E402
+from edgespec.serve.llama_api import NativeCompletion  # noqa: E402
+from edgespec.serve.openai_api import ChatBody, CompletionBody  # noqa: E402
+
+ROUTE_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "native": "/completion"}
+MODELS = {"chat": ChatBody, "completions": CompletionBody, "native": NativeCompletion}
+
+
+def minimal(route):
+    """The least body a route takes, a one-token reply."""
+    return {"messages": ASK, "max_tokens": 1} if route == "chat" else {"prompt": "Hello", "max_tokens": 1}
+
+
+def known(route) -> set[str]:
+    """The names a route's body model reads (with their aliases)."""
+    names = set()
+    for name, info in MODELS[route].model_fields.items():
+        names.add(info.alias or name)
+        choices = getattr(info.validation_alias, "choices", None)
+        names.update(choices or ([info.validation_alias] if isinstance(info.validation_alias, str) else [name]))
+    return names
+
+
+def rows(status):
+    return [pytest.param(route, row, id=f"{route}-{row.name}") for row in request_fields.FIELDS
+            for route in row.routes if row.status == status]
+
+
+@pytest.mark.parametrize("route", list(ROUTE_PATHS))
+def test_the_table_names_every_field_the_server_reads_and_reads_every_honoured_one(route):
+    table = {row.name: row for row in request_fields.FIELDS if route in row.routes}
+    honoured = {name for name, row in table.items() if row.status == request_fields.HONOURED}
+    assert honoured <= known(route), honoured - known(route)  # honoured: read by the body model
+    assert known(route) <= set(table), known(route) - set(table)  # read: in the table
+
+
+def a_value(row):
+    """A value that switches a refused field on."""
+    if not row.off:
+        return {"x": 1}
+    off = row.off[0]
+    return (not off if isinstance(off, bool) else off + 0.5 if isinstance(off, (int, float))
+            else "x" if isinstance(off, str) else ["x"] if isinstance(off, list) else {"x": 1})
+
+
+@pytest.mark.parametrize("route, row", rows(request_fields.REFUSED))
+def test_a_refused_field_is_a_400_naming_it_and_its_off_value_is_accepted(served, route, row):
+    reply = httpx.post(served.url + ROUTE_PATHS[route], json={**minimal(route), row.name: a_value(row)},
+                       timeout=60)
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["param"] == row.name and row.name in reply.json()["error"]["message"]
+    for off in row.off:
+        reply = httpx.post(served.url + ROUTE_PATHS[route], json={**minimal(route), row.name: off}, timeout=60)
+        assert reply.status_code == 200, reply.text
+
+
+@pytest.mark.parametrize("route, row", rows(request_fields.NO_EFFECT))
+def test_a_field_without_effect_is_accepted_and_changes_nothing(served, route, row):
+    body = {**minimal(route), "max_tokens": 6, "temperature": 0}
+    plain = httpx.post(served.url + ROUTE_PATHS[route], json=body, timeout=60)
+    field = MODELS[route].model_fields.get(row.name)  # (one the body reads is checked for its type)
+    value = True if field is not None and field.annotation is bool else "some value"
+    reply = httpx.post(served.url + ROUTE_PATHS[route], json={**body, row.name: value}, timeout=60)
+    assert reply.status_code == plain.status_code == 200, reply.text
+    text = lambda r: r.json()["choices"][0].get("message", r.json()["choices"][0]).get("content") \
+        if route == "chat" else r.json()["choices"][0]["text"] if route == "completions" else r.json()["content"]  # noqa: E731
+    assert text(reply) == text(plain)
+
+
+def test_an_unknown_field_is_accepted_and_logged_once(served, caplog):
+    body = {**minimal("chat"), "a_field_nobody_knows": 1}
+    with caplog.at_level("WARNING", logger="edgespec.serve.server"):
+        for _ in range(2):
+            assert httpx.post(served.url + ROUTE_PATHS["chat"], json=body, timeout=60).status_code == 200
+    lines = [r.getMessage() for r in caplog.records if "a_field_nobody_knows" in r.getMessage()]
+    assert len(lines) == 1 and "does not know" in lines[0]
+
+
+def test_docs_api_shows_the_table_the_server_reads():
+    docs = (Path(__file__).parent.parent / "docs" / "api.md").read_text()
+    assert request_fields.markdown() in docs
+
+
+# -- llama-server's sampling fields, honoured on every route ----------------------------------
+
+
+def native(served, **fields):
+    reply = httpx.post(served.url + "/completion", json={"temperature": 0, "n_predict": 40, **fields},
+                       timeout=120)
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
+REPEATING = "List the numbers one, two, three, one, two, three, one, two, three, one,"
+
+
+@pytest.mark.parametrize("route", ["chat", "native"])
+def test_repeat_penalty_changes_the_reply_exactly_as_plain_decoding_does(served, route):
+    def reply(**fields):
+        if route == "chat":
+            return chat(served, messages=[{"role": "user", "content": REPEATING}], max_tokens=40,
+                        extra_body=fields).choices[0].message.content
+        return native(served, prompt=REPEATING, **fields)["content"]
+    penalised = reply(repeat_penalty=1.8, repeat_last_n=64)
+    assert penalised != reply()
+    assert penalised == reply(repeat_penalty=1.8, repeat_last_n=64, speculative={"drafter": "off"})
+    assert reply(repeat_penalty=1.8, repeat_last_n=0) == reply()  # a window of 0: off
+
+
+def test_generation_settings_report_what_was_applied(served):
+    settings = native(served, prompt="Hi", n_predict=2, repeat_penalty=1.3, repeat_last_n=32,
+                      presence_penalty=0.5, frequency_penalty=0.25, typical_p=0.9, top_k=7, temperature=0.8,
+                      samplers="ekypmt", **{"speculative.n_max": 3})["generation_settings"]
+    assert settings["repeat_penalty"] == 1.3 and settings["repeat_last_n"] == 32
+    assert settings["presence_penalty"] == 0.5 and settings["frequency_penalty"] == 0.25
+    assert settings["typical_p"] == 0.9 and settings["top_k"] == 7
+    assert settings["samplers"][-1] == "temperature"  # "ekypmt": temperature last, as sent
+    assert settings["speculative.n_max"] == 3
+    props = httpx.get(served.url + "/props", timeout=30).json()["default_generation_settings"]["params"]
+    assert props["repeat_penalty"] == 1.0 and props["samplers"][1] == "temperature"
+
+
+def test_samplers_leave_out_what_they_do_not_list_as_llama_server_does(served):
+    seeded = dict(prompt="Once upon a time", temperature=1.0, seed=5, n_predict=24)
+    top1 = native(served, **seeded, top_k=1)["content"]
+    assert native(served, **seeded, top_k=1, samplers=["top_k", "temperature"])["content"] == top1
+    unfiltered = native(served, **seeded)["content"]
+    assert native(served, **seeded, top_k=1, samplers=["temperature"])["content"] == unfiltered != top1
+
+
+def test_typical_p_changes_a_seeded_sample(served):
+    seeded = dict(prompt="Once upon a time", temperature=1.0, seed=11, n_predict=32)
+    assert native(served, **seeded, typical_p=0.2)["content"] != native(served, **seeded)["content"]
+
+
+@pytest.mark.parametrize("route", ["chat", "native"])
+def test_a_gbnf_grammar_and_a_json_schema_shape_the_reply(served, route):
+    grammar = 'root ::= "{\\"answer\\": \\"" ("yes" | "no") "\\"}"'
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    for fields, check in ((dict(grammar=grammar), lambda t: json.loads(t)["answer"] in ("yes", "no")),
+                          (dict(json_schema=schema), lambda t: isinstance(json.loads(t)["n"], int))):
+        if route == "chat":
+            text = chat(served, messages=[{"role": "user", "content": "Is water wet?"}], max_tokens=40,
+                        extra_body=fields).choices[0].message.content
+        else:
+            text = native(served, prompt="Is water wet? Answer:", **fields)["content"]
+        assert check(text), text
+    with pytest.raises(openai.BadRequestError) as err:  # one grammar at a time
+        chat(served, messages=ASK, response_format={"type": "json_object"}, extra_body={"grammar": grammar})
+    assert err.value.body["param"] == "response_format"
+
+
+def test_cache_prompt_false_evaluates_the_whole_prompt_again(served):
+    prompt = "The cache keeps what was evaluated. " * 8
+    native(served, prompt=prompt, n_predict=2)
+    assert native(served, prompt=prompt, n_predict=2)["timings"]["cache_n"] > 0
+    assert native(served, prompt=prompt, n_predict=2, cache_prompt=False)["timings"]["cache_n"] == 0
+
+
+def test_n_probs_gives_completion_probabilities_whole_and_streamed(served):
+    whole = native(served, prompt="Hello", n_predict=5, n_probs=3)
+    probs = whole["completion_probabilities"]
+    assert len(probs) == 5 and all(len(p["top_logprobs"]) == 3 for p in probs)
+    assert "".join(p["token"] for p in probs) == whole["content"]
+    assert all(p["top_logprobs"][0]["logprob"] >= p["logprob"] for p in probs)  # greedy: the top one
+    with httpx.stream("POST", served.url + "/completion", timeout=120,
+                      json={"prompt": "Hello", "n_predict": 5, "n_probs": 3, "temperature": 0,
+                            "stream": True}) as reply:
+        events = [json.loads(line[5:]) for line in reply.iter_lines() if line.startswith("data:")]
+    streamed = [p for e in events if not e["stop"] for p in e["completion_probabilities"]]
+    assert [p["id"] for p in streamed] == [p["id"] for p in probs]
