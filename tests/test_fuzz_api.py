@@ -182,11 +182,22 @@ COMPLETION_FIELDS = {
     "top_p": TOP_PS, "min_p": [0.0, 0.05, 1.0, -0.1, None], "seed": [None, 0, 7, -1, -2, "x", 2 ** 70],
     "stop": [None, "\n", ["a", "b"], [], [""], [1], ["s"] * 100, {"x": 1}],
     "stream": [True, False, None, "yes"], "cache_prompt": [True, False, "no"],
-    "return_tokens": [True, False, 1], "mirostat": [0, 2, None], "repeat_penalty": [1.0, 1.2],
-    "n_probs": [0, 3], "grammar": ["", "root ::= \"a\""], "model": ["x", 5, None],
+    "return_tokens": [True, False, 1], "mirostat": [0, 2, None], "model": ["x", 5, None],
     "speculative": [None, {"drafter": "off"}, {"drafter": "model"}, {"drafter": "nope"},
                     {"num_draft": 2}, {"num_draft": 0}, "fast"],
 }
+# llama-server's sampling fields, taken on every route.
+LLAMA_FIELDS = {
+    "repeat_penalty": [1.0, 1.2, 0, -1, "x", None, 1e9], "repeat_last_n": [64, 0, -1, -2, 1.5, "8"],
+    "typical_p": [1.0, 0.5, 0, 1.5, None, "0.5"], "n_probs": [0, 3, 21, -1, "2"],
+    "grammar": ["", "root ::= \"a\"", "root ::= (", 5, None],
+    "json_schema": [None, {}, {"type": "object", "properties": {"a": {"type": "integer"}}}, {"type": 5}, "x"],
+    "samplers": [None, "kt", "tk", "kzt", ["top_k", "temperature"], ["min_p", "top_p"], 5, ["nope"],
+                 "ekypmt", ["infill"]],
+    "xtc_probability": [0, 0.5], "dry_multiplier": [0, 1.0], "speculative.n_max": [None, 2, 0, "x"],
+    "cache_prompt": [True, False, "no"], "top_k": [0, 5, -1], "min_p": [0.0, 0.1, 2],
+}
+COMPLETION_FIELDS.update(LLAMA_FIELDS)
 TOKENIZE_FIELDS = {"content": PROMPTS, "add_special": [True, False, 1, None],
                    "parse_special": [True, False, "x"], "with_pieces": [True, False, 0]}
 DETOKENIZE_TOKENS = [[1, 2, 3], [], [-1], [300], [10 ** 9], "abc", [1.5], None, [True], [3] * 600]
@@ -206,8 +217,8 @@ def native_case(rng: random.Random, url: str) -> tuple[str, object, "httpx.Respo
     elif path == "/detokenize":
         body = {"tokens": rng.choice(DETOKENIZE_TOKENS)}
     else:
-        body = {name: rng.choice(values) for name, values in fields.items()
-                if name in ("prompt", "content") or rng.random() < 0.3}
+        body = {name: rng.choice(values) for name, values in fields.items()  # (llama-server's
+                if name in ("prompt", "content") or rng.random() < (0.06 if name in LLAMA_FIELDS else 0.3)}
         if path != "/tokenize" and body.get("n_predict") in (-1, None) and \
                 body.get("max_tokens") in (-1, None):
             body["n_predict"] = 8  # (no limit would fill the tiny model's long context: slow)
@@ -267,7 +278,8 @@ CHAT_FIELDS = {
     "frequency_penalty": [None, 0, -1, -2.5, True],
     "prediction": [None, {"type": "content", "content": "abc"}, {"type": "content", "content": 5},
                    {"type": "text"}, "abc", {"type": "content", "content": [{"type": "text", "text": "a"}]}],
-    "n": [None, 1, 2],
+    "n": [None, 1, 2], "parallel_tool_calls": [True, False, "no", None],
+    **LLAMA_FIELDS,
 }
 
 
@@ -282,7 +294,8 @@ def test_random_chat_requests_with_the_openai_fields_get_200_or_a_400_naming_the
     try:
         for case in range(CHAT_CASES):
             body = {name: rng.choice(values) for name, values in CHAT_FIELDS.items()
-                    if name != "messages" and rng.random() < 0.2 and values is not None}
+                    if name != "messages" and rng.random() < (0.04 if name in LLAMA_FIELDS else 0.2)
+                    and values is not None}  # (llama-server's fields: a few at a time, most are 400s)
             body = {k: v for k, v in body.items() if v is not None}
             body["messages"] = rng.choice(CHAT_FIELDS["messages"]) if rng.random() < 0.2 \
                 else [{"role": "user", "content": "ab"}]
