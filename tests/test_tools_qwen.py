@@ -105,3 +105,27 @@ def test_a_prediction_is_mostly_accepted_on_an_edit(served):
     assert 0 < details.accepted_prediction_tokens <= predicted.model_extra["timings"]["draft_n_accepted"]
     assert details.rejected_prediction_tokens >= 0
     # (How much faster: scripts/bench_constrained.py, a benchmark, not a timed test.)
+
+
+CITIES = ["Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Sydney", "Toronto", "Nairobi", "Seoul", "Madrid"]
+
+
+def calls_of(served, stream, **fields) -> list[dict]:
+    if stream:
+        return streamed_calls(create(served, stream=True, **fields))[1]
+    reply = create(served, **fields)
+    return [{"name": c.function.name, "arguments": c.function.arguments}
+            for c in reply.choices[0].message.tool_calls or []]
+
+
+def test_parallel_tool_calls_false_gives_exactly_one_call_in_twenty_requests(served):
+    # Asked about two cities, the model calls twice where the grammar of "required" lets it.
+    pairs = [(a, b) for a, b in zip(CITIES * 2, CITIES[3:] + CITIES[:3] + CITIES[7:] + CITIES[:7])]
+    ask = lambda a, b: [{"role": "user", "content": f"What is the weather in {a} and in {b}?"}]  # noqa: E731
+    assert len(calls_of(served, False, messages=ask(*pairs[0]), tools=[WEATHER], tool_choice="required")) >= 2
+    ones = 0
+    for i, (a, b) in enumerate(pairs):
+        calls = calls_of(served, i % 2 == 1, messages=ask(a, b), tools=[WEATHER], tool_choice="required",
+                         parallel_tool_calls=False)
+        ones += len(calls) == 1 and calls[0]["name"] == "get_weather"
+    assert ones == 20
