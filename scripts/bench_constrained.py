@@ -1,9 +1,8 @@
 """JSON-schema-constrained decoding: speculative (auto mode) against constrained plain
-decoding, each speculative run between two plain runs of the same prompt; the mask's
-host time per committed token; and Predicted Outputs against the same request
-without its prediction.
+decoding, each speculative run between two plain runs of the same prompt, and the
+mask's host time per committed token (Predicted Outputs: scripts/bench_predictions.py).
 
-    python scripts/bench_constrained.py [--sets edit,chat] [--prompts 4] [--max-tokens 128] [--repeats 3]
+    python scripts/bench_constrained.py [--sets edit,chat] [--prompts 4] [--max-tokens 128]
 
 The schema is {"answer": "..."}: the prompt's own answer inside JSON (the grammar
 forces the frame), so the grammar constrains every token while the reply stays what
@@ -57,7 +56,6 @@ def main() -> None:
     parser.add_argument("--sets", default="edit,chat")
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=3, help="Predicted Outputs runs of each kind")
     parser.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
     parser.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct")
     args = parser.parse_args()
@@ -86,28 +84,6 @@ def main() -> None:
                         "mask_ms_per_token": statistics.mean(mask_ms)}
         print(f"== {name}: geomean {geo:.3f}x (min {min(ratios):.2f}, max {max(ratios):.2f}), "
               f"mask+shaping {statistics.mean(mask_ms):.2f} ms per token", flush=True)
-    # Predicted Outputs: an edit whose prediction is the original file, with and without it.
-    source = "\n".join(f"def f{i}(x):\n    return x * {i} + {i}\n" for i in range(16))
-    messages = [{"role": "user", "content": "Rename f5 to g5 in this file and give the whole file "
-                                            f"back, nothing else:\n```python\n{source}```"}]
-    from edgespec.drafters.prediction import PredictedOutput
-    lookup = engine.drafter
-    prediction = PredictedOutput(engine.target.tokenize(source, add_bos=False, special=False))
-    speeds = {"plain": [], "without": [], "with": []}
-    for _ in range(args.repeats):  # interleaved: the machine drifts from minute to minute
-        speeds["plain"].append(run(engine, messages, 600, False)[0])
-        engine.configure(lookup, "auto")
-        speeds["without"].append(run(engine, messages, 600, True)[0])
-        engine.configure(prediction, "auto")
-        prediction.expect(prediction.prediction)
-        speed, g = run(engine, messages, 600, True)
-        speeds["with"].append(speed)
-        print(f"prediction: {speed:.1f} tok/s with, {speeds['without'][-1]:.1f} without, "
-              f"{speeds['plain'][-1]:.1f} plain ({g.stats.accepted_per_drafter.get('prediction', 0)} "
-              f"prediction tokens accepted of {g.stats.generated_tokens})", flush=True)
-    ratios = [w / o for w, o in zip(speeds["with"], speeds["without"])]
-    print(f"== prediction: {min(ratios):.2f}-{max(ratios):.2f}x the same request without it", flush=True)
-    report["prediction"] = speeds
     print(json.dumps(report, indent=1))
     engine.close()
 

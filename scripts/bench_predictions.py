@@ -65,30 +65,31 @@ def from_env(prefix="APP_"):
 '''
 LONG = "".join(Path(textwrap.__file__).read_text().splitlines(keepends=True)[:300])
 WHOLE = " Give the whole file back, nothing else."
+LONG_REPLY = 150  # tokens: a reply this long is a "long one" in the summary
 
 
 def requests(long_tokens: int) -> list[dict]:
-    """The set: name, prediction, ask, max tokens, and whether it is a long one."""
+    """The set: name, prediction, ask and max tokens."""
     def ask(text, source):
         return f"{text}\n```python\n{source}```"
     return [
-        dict(name="rename-short", prediction=TWO, max_tokens=64, long=False,
+        dict(name="rename-short", prediction=TWO, max_tokens=64,
              ask=ask("Rename the function add to plus. Reply with the changed function in a "
                      "```python fence.", TWO)),
-        dict(name="rename-all", prediction=SIXTEEN, max_tokens=600, long=True,
+        dict(name="rename-all", prediction=SIXTEEN, max_tokens=600,
              ask=ask("Rename every function fN to gN in this file." + WHOLE, SIXTEEN)),
-        dict(name="rename-one", prediction=SIXTEEN, max_tokens=600, long=True,
+        dict(name="rename-one", prediction=SIXTEEN, max_tokens=600,
              ask=ask("Rename f5 to g5 in this file." + WHOLE, SIXTEEN)),
-        dict(name="add-parameter", prediction=CONFIG, max_tokens=600, long=True,
+        dict(name="add-parameter", prediction=CONFIG, max_tokens=600,
              ask=ask("Add a parameter encoding='utf-8' to load and save, passed to open." + WHOLE, CONFIG)),
-        dict(name="fenced", prediction=CONFIG, max_tokens=600, long=True,
+        dict(name="fenced", prediction=CONFIG, max_tokens=600,
              ask=ask("Change BATCH to 128. Give the whole file back in a ```python fence.", CONFIG)),
-        dict(name="sentence-first", prediction=CONFIG, max_tokens=600, long=True,
+        dict(name="sentence-first", prediction=CONFIG, max_tokens=600,
              ask=ask("Change TIMEOUT_S to 60. First say in one sentence what you changed, then give "
                      "the whole file.", CONFIG)),
-        dict(name="drop-function", prediction=CONFIG, max_tokens=600, long=True,
+        dict(name="drop-function", prediction=CONFIG, max_tokens=600,
              ask=ask("Remove the function merged." + WHOLE, CONFIG)),
-        dict(name="long-300", prediction=LONG, max_tokens=long_tokens, long=True,
+        dict(name="long-300", prediction=LONG, max_tokens=long_tokens,
              ask=ask("Rename the class TextWrapper to LineWrapper everywhere in this file." + WHOLE, LONG)),
     ]
 
@@ -124,7 +125,7 @@ def main() -> None:
     chosen = [r for r in requests(args.long_tokens) if not args.only or r["name"] in args.only.split(",")]
     results = []
     for request in chosen:
-        row = {"name": request["name"], "long": request["long"], "plain": [], "without": [], "with": [],
+        row = {"name": request["name"], "plain": [], "without": [], "with": [],
                "vs_plain": [], "vs_without": []}
         for _ in range(args.repeats):  # plain, with, plain, without, plain: each between two plain runs
             before, _ = run(engine, request, None)
@@ -138,7 +139,8 @@ def main() -> None:
             row["vs_plain"].append(with_speed / ((before + middle) / 2))
             row["vs_without"].append(with_speed / without_speed)
             predicted = engine.target.tokenize(request["prediction"], add_bos=False, special=False)
-            row.update(reply_tokens=g.stats.generated_tokens, continuing=continuing(predicted, g.token_ids),
+            row.update(reply=g.text, reply_tokens=g.stats.generated_tokens,
+                       continuing=continuing(predicted, g.token_ids),
                        accepted=g.stats.accepted_per_drafter.get("prediction", 0),
                        drafted=g.stats.drafted_per_drafter.get("prediction", 0))
             print(f"{request['name']}: {with_speed:.1f} tok/s with the prediction, {without_speed:.1f} "
@@ -155,7 +157,7 @@ def main() -> None:
               f"{min(r['vs_plain']):.2f}-{max(r['vs_plain']):.2f} | "
               f"{min(r['vs_without']):.2f}-{max(r['vs_without']):.2f} |")
     total = sum(r["accepted"] for r in results) / max(1, sum(r["continuing"] for r in results))
-    longs = [statistics.mean(r["vs_without"]) for r in results if r["long"]]
+    longs = [statistics.mean(r["vs_without"]) for r in results if r["reply_tokens"] >= LONG_REPLY]
     print(f"\naccepted / continuing over the set: {total:.2f}; long ones with / without: "
           f"{min(longs):.2f}-{max(longs):.2f}; lowest with / plain: "
           f"{min(min(r['vs_plain']) for r in results):.2f}")

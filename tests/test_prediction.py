@@ -64,9 +64,11 @@ def test_a_fenced_rename_is_followed_after_the_fence_and_after_the_new_name():
     DEF, ADD, NL, FENCE, PY, PLUS = 1, 2, 9, 500, 501, 502
     prediction = [DEF, ADD, 3, 4, 5, 6, 7, 8, 4, 10, 5, NL, DEF, 11, 3, 4, 5]
     drafter = fresh(prediction)
-    # A newline far away in the prediction says nothing of the place: the fence was
-    # inserted, so the draft starts at the prediction's start.
-    assert drafted(drafter, [FENCE, PY, NL]) == [DEF, ADD, 3, 4]
+    # A newline far away in the prediction says nothing of the place: after the fence
+    # (text the prediction lacks) nothing is drafted until the reply is back on it.
+    assert drafted(drafter, [FENCE]) == [ADD, 3, 4, 5]  # (one token: a replacement, perhaps)
+    assert drafted(drafter, [FENCE, PY, NL]) == []
+    assert drafted(drafter, [FENCE, PY, NL, DEF]) == [ADD, 3, 4, 5]
     # The new name replaced one token: the draft picks up just past it, at once.
     assert drafted(drafter, [FENCE, PY, NL, DEF, PLUS]) == [3, 4, 5, 6]
     assert drafted(drafter, [FENCE, PY, NL, DEF, PLUS, 3]) == [4, 5, 6, 7]

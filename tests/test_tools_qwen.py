@@ -104,7 +104,7 @@ def test_a_prediction_is_mostly_accepted_on_an_edit(served):
     details = predicted.usage.completion_tokens_details
     assert 0 < details.accepted_prediction_tokens <= predicted.model_extra["timings"]["draft_n_accepted"]
     assert details.rejected_prediction_tokens >= 0
-    # (How much faster: scripts/bench_constrained.py, a benchmark, not a timed test.)
+    # (How much faster: scripts/bench_predictions.py, a benchmark, not a timed test.)
 
 
 CITIES = ["Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Sydney", "Toronto", "Nairobi", "Seoul", "Madrid"]

@@ -4,13 +4,14 @@
 The drafter keeps a place in the prediction, the token the reply is expected to
 say next, and drafts what follows it. Each token the reply commits either is the
 one at that place (the place moves on) or is not: an edit, or text around the
-prediction such as a code fence or a sentence. After a token the prediction
+prediction such as a code fence or a sentence. After one token the prediction
 lacks, the draft guesses that it replaced the one at the place (``add`` renamed
-``plus``) and drafts from the token after it; after more, that they were inserted
-(a fence, a sentence) and drafts from the place itself. The place is found again
-at the next token that matches: the replaced one's successor, or the prediction's
-token one or two past the place (tokens dropped), or else where the reply's last
-tokens (two or more) stand in the prediction, the occurrence nearest to the place.
+``plus``) and drafts from the token after it; after more, it drafts nothing until
+the reply is back on the prediction (a guess there is a long draft thrown away,
+which a short reply cannot win back). The place is found again at the next token
+that matches: the replaced one's successor, or the prediction's token one or two
+past the place (tokens dropped), or else where the reply's last tokens (two or
+more) stand in the prediction, the occurrence nearest to the place.
 Nearest, not latest as prompt lookup takes it, because an edit's prediction is
 followed in order: in a file whose functions differ only by a name or a number,
 the latest occurrence of ``return x *`` is almost never the one the reply is at.
@@ -27,7 +28,6 @@ from typing import Sequence
 
 from ..core.config import DEFAULT_CONFIG, PlannerConfig
 from ..core.draft import COPY, Draft, DrafterBase
-from .copying import match_bucket
 
 
 
@@ -73,14 +73,17 @@ class PredictedOutput(DrafterBase):
         """The prediction's tokens after the reply's place in it."""
         self.prefill(context)
         self._follow(context, self._start)
-        # One token off the prediction: it replaced the one at the place; more: inserted.
-        start = self._place + 1 if self._missed == 1 else self._place
+        if self._missed > 1:  # text the prediction lacks (a fence, a sentence): wait for a match
+            return Draft([])
+        start = self._place + self._missed  # (one token off it: it replaced the one at the place)
         draft = self.prediction[start:start + num_draft]
         if not draft:
             return Draft([])
-        # Classed as a copy whose match is the run of the prediction's tokens just
-        # said (0 or 1: the place was found again, or not yet: "resume").
-        bucket = match_bucket(self._run) if self._run >= 2 else "resume"
+        # "follow": the reply is in step with the prediction (its last token was the
+        # prediction's); "resume": a guess after tokens the prediction lacks. Not prompt
+        # lookup's match lengths: two tokens in step with a prediction the caller sent are
+        # no coincidence, as a two-token match found anywhere in the context often is.
+        bucket = "follow" if self._run else "resume"
         return Draft(draft, None, bucket, hold=[self._hold()] * len(draft))
 
     def _hold(self) -> float:

@@ -23,6 +23,7 @@ from .errors import ApiError, invalid
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 MAX_TOP_LOGPROBS = 20
+WHOLE_CONTEXT = 1 << 30  # repeat_last_n -1: a window no context reaches past
 FLOOR = -9999.0  # OpenAI's logprob for a token that cannot come (JSON has no -inf)
 
 
@@ -91,7 +92,7 @@ def penalty(value, info):
     if value is None:
         return Shaping.__dataclass_fields__[name].default
     if name == "repeat_last_n" and value == -1 and not isinstance(value, bool):
-        value = info.context.get("n_ctx", 1 << 30)
+        value = WHOLE_CONTEXT
     Shaping(**{name: value})  # its own checks (ValueError: named by pydantic)
     return value
 
@@ -141,7 +142,8 @@ def gbnf(text) -> Grammar | None:
     try:
         return Grammar.lark(gbnf_to_lark(text))
     except Exception as exc:  # noqa: BLE001 - the converter's or llguidance's message, said plainly
-        raise invalid(f"is not a usable GBNF grammar ({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__})") from None
+        why = (str(exc).strip() or type(exc).__name__).splitlines()[0]
+        raise invalid(f"is not a usable GBNF grammar ({why})") from None
 
 
 def json_schema(schema) -> Grammar | None:
