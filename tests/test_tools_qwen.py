@@ -129,3 +129,17 @@ def test_parallel_tool_calls_false_gives_exactly_one_call_in_twenty_requests(ser
                          parallel_tool_calls=False)
         ones += len(calls) == 1 and calls[0]["name"] == "get_weather"
     assert ones == 20
+
+
+def test_a_fenced_rename_picks_the_prediction_up_again(served):
+    # The edit: the reply opens a fence and renames add, both absent from the
+    # prediction; drafting resumes where the reply is back on it. (k fixed: whether auto
+    # mode drafts on a 16-token reply is its cost model's call on the machine.)
+    two = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n"
+    ask = [{"role": "user", "content": "Rename the function add to plus. Reply with the changed "
+                                       f"function in a ```python fence.\n```python\n{two}```"}]
+    reply = create(served, messages=ask, max_tokens=64,
+                   extra_body={"prediction": {"type": "content", "content": two},
+                               "speculative": {"num_draft": 4}})
+    assert "def plus(a, b):" in reply.choices[0].message.content
+    assert reply.usage.completion_tokens_details.accepted_prediction_tokens >= 6
