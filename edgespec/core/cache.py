@@ -69,16 +69,20 @@ class CachedModel:
         self.backend.rewind(n_past)
         del self.tokens[n_past:]
 
-    def reuse(self, context: Sequence[int]) -> tuple[int, int]:
+    def reuse(self, context: Sequence[int], *, cached: bool = True) -> tuple[int, int]:
         """For a new prompt: keep the longest prefix of ``context`` there is without
         evaluating anything, and rewind to it. Returns ``(tokens kept, of which
-        restored from the prompt cache)``.
+        restored from the prompt cache)``. ``cached=False``: keep nothing (a request's
+        ``cache_prompt: false``).
 
         With a :attr:`prompt_cache`, a cache about to drop a long conversation saves
         it first, and a saved state that shares a longer prefix of ``context`` than
         the cache does is restored. Short differences (a turn's template tokens, a
         round's rejected drafts) cost no lookup.
         """
+        if not cached:
+            self.rewind(0)
+            return 0, 0
         common = common_prefix_length(self.tokens, context)
         saved, restored = self.prompt_cache, 0
         if saved is not None and saved.enabled and (

@@ -174,8 +174,7 @@ class Engine:
         distribution at every position, speculative or not. ``logprobs``: report
         each token's log-probability and this many alternatives (``Chunk.logprobs``).
         ``drafter`` and ``num_draft``: this generation's, instead of the engine's own
-        (the engine's settings stay as they are). ``cache_prompt=False``: evaluate the
-        whole prompt, reusing nothing cached (llama-server's ``cache_prompt``).
+        (the engine's settings stay as they are). ``cache_prompt=False``: reuse nothing cached.
         """
         params = params or SamplingParams()
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
@@ -335,11 +334,7 @@ class Engine:
         """Evaluate the prompt but its last token into the target's cache, in
         chunks between which a cancel is seen; False if cancelled."""
         prompt = run.context[:-1]
-        if run.cache_prompt:
-            done, run.stats.prompt_restored_tokens = self.target_cache.reuse(prompt)
-        else:
-            done = 0
-            self.target_cache.rewind(0)
+        done, run.stats.prompt_restored_tokens = self.target_cache.reuse(prompt, cached=run.cache_prompt)
         while done < len(prompt):
             if run.cancelled.is_set():
                 run.finish_reason = "cancelled"
