@@ -67,9 +67,9 @@ def _rows() -> list[Row]:
         Row("min_p", ROUTES, H, "after temperature (see samplers)"),
         Row("typical_p", ROUTES, H, "locally typical sampling, llama.cpp's typ_p; 1 is off"),
         Row("seed", ROUTES, H, "a seed gives one text whatever the drafter (seed-invariant sampling)"),
-        Row("samplers", ROUTES, H, "accepted when the samplers the request switches on come in "
-            "edgespec's order (temperature, top_k, typical_p, top_p, min_p; top_k may come anywhere "
-            "before typical_p), else refused: another order is another distribution"),
+        Row("samplers", ROUTES, H, "as llama-server reads it: a stage left out is not applied, "
+            "temperature before or after the filters; an order that is another distribution "
+            "(filters as other than top_k, typ_p, top_p, min_p) is refused"),
         Row("logit_bias", ROUTES, H, "token id -> -100..100, OpenAI's object form"),
         Row("presence_penalty", ROUTES, H, "OpenAI's: over the reply so far (llama-server counts "
             "the last repeat_last_n tokens, prompt included)"),
