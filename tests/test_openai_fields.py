@@ -322,3 +322,13 @@ def test_n_probs_gives_completion_probabilities_whole_and_streamed(served):
         events = [json.loads(line[5:]) for line in reply.iter_lines() if line.startswith("data:")]
     streamed = [p for e in events if not e["stop"] for p in e["completion_probabilities"]]
     assert [p["id"] for p in streamed] == [p["id"] for p in probs]
+
+
+def test_parallel_tool_calls_false_keeps_a_replys_first_call():
+    from edgespec.serve.openai_fields import Extras, reply_calls
+    tools = [{"type": "function", "function": {"name": "get_weather"}}]
+    text = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+            '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>')
+    assert len(reply_calls(text, Extras(tools=tools))[1]) == 2
+    content, calls = reply_calls(text, Extras(tools=tools, parallel_tool_calls=False))
+    assert content is None and [json.loads(c["function"]["arguments"])["city"] for c in calls] == ["Paris"]
