@@ -152,7 +152,8 @@ def _rows() -> list[Row]:
 
 FIELDS: list[Row] = _rows()
 _BY_ROUTE = {route: {row.name: row for row in FIELDS if route in row.routes} for route in ROUTES}
-_warned: set[str] = set()
+_warned: set[str] = set()  # the unknown fields logged so far
+MAX_WARNED = 256
 _warned_lock = threading.Lock()
 
 
@@ -169,9 +170,10 @@ def check(route: str, body) -> None:
     for name, value in body.items():
         found = row(route, name)
         if found is None:
-            with _warned_lock:
-                first = name not in _warned
-                _warned.add(name)
+            with _warned_lock:  # (a bounded memory: a client that invents names cannot grow it)
+                first = name not in _warned and len(_warned) < MAX_WARNED
+                if first:
+                    _warned.add(name)
             if first:
                 log.warning("a request has the field %r, which this server does not know: it was "
                             "accepted and has no effect (docs/api.md lists the fields it reads)", name)
