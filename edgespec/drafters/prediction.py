@@ -105,6 +105,7 @@ class PredictedOutput(DrafterBase):
                 self._held += self._run > 0
                 self._place, self._missed, self._run = place + 1, 0, self._run + 1
             elif (found := self._next(token)) is not None:  # after replaced or dropped tokens
+                self._broke += self._run > 0  # (dropped tokens broke a run in step)
                 self._place, self._missed, self._run = found + 1, 0, 1
             else:
                 self._broke += self._run > 0
