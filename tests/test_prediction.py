@@ -80,3 +80,13 @@ def test_a_longer_new_name_and_dropped_tokens_are_found_again_a_token_or_two_lat
     assert drafted(drafter, [0, 1, 2, 700, 701, 4]) == [5, 6, 7, 8]
     # 9 and 10 dropped: 11 is found two past the place.
     assert drafted(drafter, [0, 1, 2, 700, 701, 4, 5, 6, 7, 8, 11]) == [12, 13, 14, 15]
+
+
+def test_a_draft_holds_as_often_as_the_reply_went_on_in_step():
+    hold = lambda reply: fresh(list(range(100))).propose(  # noqa: E731
+        PROMPT + reply, 4, SamplingParams(), np.random.default_rng(0)).hold
+    followed = hold(list(range(40)))
+    assert len(followed) == 4 and followed[0] > 0.95
+    # Runs in step broken by edits every few tokens: later tokens held less often.
+    edited = [t if t % 4 else 900 + t for t in range(40)]
+    assert hold(edited)[0] < followed[0] - 0.1
