@@ -5,7 +5,9 @@ No web framework here: :mod:`edgespec.serve.server` moves these over HTTP.
 Field names and shapes follow OpenAI's chat and completions APIs; responses
 also carry llama-server's ``timings`` (``prompt_n``, ``predicted_per_second``,
 ``draft_n``, ``draft_n_accepted``, ...) so that clients which read
-llama-server's numbers see edgespec's too. Fields a body does not know are ignored.
+llama-server's numbers see edgespec's too. What each field does, and what happens to
+one outside the table (accepted, its name logged once), is
+:mod:`edgespec.serve.request_fields`'s, checked before a body gets here.
 """
 
 from __future__ import annotations
