@@ -251,9 +251,9 @@ REPEATING = "List the numbers one, two, three, one, two, three, one, two, three,
 def test_repeat_penalty_changes_the_reply_exactly_as_plain_decoding_does(served, route):
     def reply(**fields):
         if route == "chat":
-            return chat(served, messages=[{"role": "user", "content": REPEATING}], max_tokens=40,
+            return chat(served, messages=[{"role": "user", "content": REPEATING}], max_tokens=24,
                         extra_body=fields).choices[0].message.content
-        return native(served, prompt=REPEATING, **fields)["content"]
+        return native(served, prompt=REPEATING, n_predict=24, **fields)["content"]
     penalised = reply(repeat_penalty=1.8, repeat_last_n=64)
     assert penalised != reply()
     assert penalised == reply(repeat_penalty=1.8, repeat_last_n=64, speculative={"drafter": "off"})
@@ -274,7 +274,7 @@ def test_generation_settings_report_what_was_applied(served):
 
 
 def test_samplers_leave_out_what_they_do_not_list_as_llama_server_does(served):
-    seeded = dict(prompt="Once upon a time", temperature=1.0, seed=5, n_predict=24)
+    seeded = dict(prompt="Once upon a time", temperature=1.0, seed=5, n_predict=16)
     top1 = native(served, **seeded, top_k=1)["content"]
     assert native(served, **seeded, top_k=1, samplers=["top_k", "temperature"])["content"] == top1
     unfiltered = native(served, **seeded)["content"]
@@ -282,7 +282,7 @@ def test_samplers_leave_out_what_they_do_not_list_as_llama_server_does(served):
 
 
 def test_typical_p_changes_a_seeded_sample(served):
-    seeded = dict(prompt="Once upon a time", temperature=1.0, seed=11, n_predict=32)
+    seeded = dict(prompt="Once upon a time", temperature=1.0, seed=11, n_predict=16)
     assert native(served, **seeded, typical_p=0.2)["content"] != native(served, **seeded)["content"]
 
 
