@@ -23,7 +23,7 @@ from ..drafters.registry import BUILTIN
 from ..errors import EdgespecError
 from .errors import ApiError, invalid
 from .openai_api import CompletionBody, Request, Sampling, timings
-from .openai_fields import FLOOR, applied_samplers
+from .openai_fields import applied_samplers, token_entries
 from ..core.shaping import Shaping
 from ..core.prompting import check_prompt_chars
 from ..core.sampling import SamplingParams
@@ -176,12 +176,7 @@ def generation_settings(request: Request, drafter: str, num_draft: int | str) ->
 def probabilities(entries: list[dict], token_bytes) -> list[dict]:
     """llama-server's ``completion_probabilities`` (``n_probs``): each token's id,
     text, bytes and logprob, with its ``top_logprobs``."""
-    def one(token: int, logprob: float) -> dict:
-        piece = token_bytes(token)
-        return {"id": token, "token": piece.decode("utf-8", "replace"), "bytes": list(piece),
-                "logprob": max(logprob, FLOOR)}
-    return [{**one(e["id"], e["logprob"]),
-             "top_logprobs": [one(t, lp) for t, lp in e["top"] if lp > float("-inf")]} for e in entries]
+    return token_entries(entries, token_bytes, ids=True)
 
 
 def completion_chunk(text: str, token_ids: list[int], predicted: int, from_draft: bool,
@@ -199,7 +194,8 @@ def completion(model: str, text: str, token_ids: list[int], stats: GenerationSta
     """A finished ``/completion`` (llama-server's final result; ``streamed``, it is the
     last event, its text and tokens already sent; ``probs``: the whole reply's
     ``completion_probabilities``, not streamed)."""
-    return {**({"completion_probabilities": probs} if probs is not None and not streamed else {}),"index": 0, "content": "" if streamed else text,
+    return {**({"completion_probabilities": probs} if probs is not None and not streamed else {}),
+            "index": 0, "content": "" if streamed else text,
             "tokens": [] if streamed else token_ids, "id_slot": 0, "stop": True,
             "model": model, "tokens_predicted": stats.generated_tokens,
             "tokens_evaluated": stats.prompt_tokens, "generation_settings": settings,

@@ -294,15 +294,21 @@ def _json_or_text(arguments):
 # -- logprobs ---------------------------------------------------------------------------
 
 
-def chat_logprobs(entries: list[dict], token_bytes) -> dict:
-    """``choices[].logprobs`` of a chat completion from the engine's entries."""
+def token_entries(entries: list[dict], token_bytes, *, ids: bool = False) -> list[dict]:
+    """Each token of the engine's entries with its text, logprob and bytes, and its
+    ``top_logprobs`` alike (``ids``: with the token ids too, as llama-server's
+    ``completion_probabilities`` has them)."""
     def one(token: int, logprob: float) -> dict:
         piece = token_bytes(token)
-        return {"token": piece.decode("utf-8", "replace"), "logprob": max(logprob, FLOOR),
-                "bytes": list(piece)}
-    return {"content": [{**one(e["id"], e["logprob"]),
-                         "top_logprobs": [one(t, lp) for t, lp in e["top"] if lp > float("-inf")]}
-                        for e in entries]}
+        return {**({"id": token} if ids else {}), "token": piece.decode("utf-8", "replace"),
+                "logprob": max(logprob, FLOOR), "bytes": list(piece)}
+    return [{**one(e["id"], e["logprob"]),
+             "top_logprobs": [one(t, lp) for t, lp in e["top"] if lp > float("-inf")]} for e in entries]
+
+
+def chat_logprobs(entries: list[dict], token_bytes) -> dict:
+    """``choices[].logprobs`` of a chat completion from the engine's entries."""
+    return {"content": token_entries(entries, token_bytes)}
 
 
 def completion_logprobs(entries: list[dict], token_bytes, offset: int = 0) -> dict:
