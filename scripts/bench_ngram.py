@@ -139,7 +139,7 @@ def main() -> int:
         os.environ["EDGESPEC_LLAMA_REPACK"] = "0"
 
     import edgespec
-    from edgespec.planner.factory import auto_planner, save_costs
+    from edgespec.planner.factory import auto_planner
     from edgespec.models.catalog import defaults, resolve_model
 
     draft = defaults()["chat"]["draft"] if args.draft == "default" else args.draft
@@ -196,7 +196,7 @@ def main() -> int:
                     messages.append({"role": "assistant", "content": plain.text})
                 # Its measured costs are the next conversation's prior, as for consecutive
                 # `edgespec generate` runs.
-                save_costs(planner, target, drafter)
+                planner.close()  # (saves its costs; it goes on planning)
     engine.close()
     report(rows)
     if args.json:
