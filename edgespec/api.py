@@ -11,6 +11,8 @@ from typing import Sequence
 
 from .core.engine import Engine
 from .core.prompt_cache import PromptCache, default_budget_mib
+from .core.prompt_disk import PromptDisk
+from .core.prompt_disk import default_budget_mib as disk_budget_mib
 from .errors import EdgespecError
 from .models.loading import BackendOptions, load_backend, load_drafter
 from .planner import AutoPlanners
@@ -24,7 +26,8 @@ def load(model: str | os.PathLike, draft: str | os.PathLike | None = None, backe
          mlx_quantize: str = "4bit", fetch: bool = True,
          rpc: str | Sequence[str] | None = None, draft_rpc: str | Sequence[str] | None = None,
          kernels: str | None = None, cache_ram: int | None = None,
-         cache_reuse: int = 0) -> Engine:
+         cache_reuse: int = 0, cache_dir: str | os.PathLike | None = None,
+         cache_disk: int | None = None) -> Engine:
     """Load a target model (and optionally a drafter) and return an :class:`Engine`.
 
     ``model``/``draft``: a .gguf path, a name from ``edgespec models list``, an
@@ -53,6 +56,12 @@ def load(model: str | os.PathLike, draft: str | os.PathLike | None = None, backe
     cached tokens that reappear after a divergence go into place by KV shift (llama.cpp
     only; 0, the default, off). Not exact: it moves the logits (docs/exactness.md), so
     exact kernels ignore it.
+    ``cache_dir``: a folder for saved prompts that outlive the process: a state leaves
+    RAM for it, and the conversation in the caches is written there when the engine
+    closes, so the next process (a chat started again, a server restarted) restores a
+    conversation's prompt instead of evaluating it (None, the default: no folder).
+    ``cache_disk``: its budget in MiB (None: ``$EDGESPEC_CACHE_DISK``, else 4096; 0: off).
+    Several processes may share one folder.
     Raises :class:`~edgespec.errors.EdgespecError` with a readable reason on
     bad input (missing file, incompatible drafter, ...).
     """
@@ -64,8 +73,12 @@ def load(model: str | os.PathLike, draft: str | os.PathLike | None = None, backe
         raise EdgespecError(f"invalid --cache-ram {cache_ram!r}: MiB, an integer >= 0 (0 turns it off)")
     if not isinstance(cache_reuse, int) or cache_reuse < 0:
         raise EdgespecError(f"invalid --cache-reuse {cache_reuse!r}: a chunk size in tokens, >= 0 (0 turns it off)")
+    if cache_disk is not None and (not isinstance(cache_disk, int) or cache_disk < 0):
+        raise EdgespecError(f"invalid --cache-disk {cache_disk!r}: MiB, an integer >= 0 (0 turns it off)")
+    disk = None if cache_dir is None else \
+        PromptDisk(cache_dir, (disk_budget_mib() if cache_disk is None else cache_disk) * 2**20)
     prompt_cache = PromptCache((default_budget_mib() if cache_ram is None else cache_ram) * 2**20,
-                               shift_min=cache_reuse)
+                               shift_min=cache_reuse, disk=disk)
     options = BackendOptions(backend=backend, n_ctx=n_ctx, n_threads=n_threads,
                              n_gpu_layers=n_gpu_layers, flash_attn=flash_attn,
                              mlx_quantize=mlx_quantize, fetch=fetch, rpc=rpc or (), kernels=kernels)

@@ -15,10 +15,10 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from .core.engine import Engine
-from .core.generation import Chunk
+from .core.generation import Chunk, PromptProgress
 from .errors import EdgespecError
 from .core.prompting import chat_prompt_ids
 from .core.sampling import SamplingParams
@@ -54,6 +54,8 @@ class ChatSession:
     messages: list[dict] = field(default_factory=list)
     totals: GenerationStats = field(default_factory=GenerationStats)
     last: TurnResult | None = None
+    # Told how far the processing of each prompt has come (Engine.stream's ``progress``).
+    progress: Callable[[PromptProgress], None] | None = None
 
     def conversation(self) -> list[dict]:
         """The messages as the template sees them (system message first)."""
@@ -84,7 +86,7 @@ class ChatSession:
         final: Chunk | None = None
         try:
             for chunk in self.engine.stream(prompt_ids, self.params, max_tokens=self.max_tokens,
-                                            speculative=self.speculative):
+                                            speculative=self.speculative, progress=self.progress):
                 pieces.append(chunk.text)
                 if chunk.finish_reason is not None:
                     final = chunk

@@ -1,7 +1,12 @@
+import os
 import sys
 from pathlib import Path
 
 import pytest
+
+# The commands keep saved prompts in $EDGESPEC_HOME/prompt-cache by default; in the tests
+# a state one test left would be restored by the next. Tests of the folder name their own.
+os.environ["EDGESPEC_CACHE_DISK"] = "0"
 
 # Test helpers (exactness.py, ggufs.py) are imported as plain modules.
 sys.path.insert(0, str(Path(__file__).parent))

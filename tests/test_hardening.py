@@ -156,7 +156,8 @@ class CancelDuringPrefill:
 
 def test_cancel_is_seen_during_a_long_prefill(long_gguf):
     from edgespec.backends.llamacpp import LlamaCppBackend
-    from edgespec.core.engine import PREFILL_CHUNK, Engine
+    from edgespec.core.cache import PREFILL_CHUNK
+    from edgespec.core.engine import Engine
 
     engine_ref = []
     backend = CancelDuringPrefill(LlamaCppBackend(long_gguf, n_ctx=4096), engine_ref)

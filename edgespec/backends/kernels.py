@@ -77,6 +77,31 @@ def invariant_chunk(backend, sizes=CHUNKS) -> int:
                  if pass_difference(backend, ids[:start], ids[start:start + size]) == 0.0), 0)
 
 
+def prefill_invariant(backend, sizes=(8, 64)) -> bool:
+    """Whether a prompt pass (one batch, logits of its last row only) leaves the K/V a
+    cold run of one-token steps leaves, on ``backend`` with an empty cache: the next
+    token's logits compared bit for bit after each of ``sizes`` tokens (the cheap size
+    first: where the weights are repacked, 4 rows already part). Where it holds, a
+    reply's tokens, decoded in one-token steps, may be reused for the next prompt with
+    exact kernels; where not, only K/V from whole prompt passes may
+    (:class:`edgespec.core.cache.CachedModel`). Leaves the cache empty."""
+    ids = backend.tokenize(PROBE_TEXT * 4, add_bos=False, special=False)
+    for n in sizes:
+        if n + 1 > min(len(ids), backend.n_ctx):
+            return False
+        backend.rewind(0)
+        backend.forward(ids[:n], last_only=True)
+        batched = np.asarray(backend.forward([ids[n]]), dtype=np.float32)
+        backend.rewind(0)
+        for t in ids[:n]:
+            backend.forward([t], last_only=True)
+        steps = np.asarray(backend.forward([ids[n]]), dtype=np.float32)
+        backend.rewind(0)
+        if not np.array_equal(batched, steps):
+            return False
+    return True
+
+
 def probe(backend, sizes=CHUNKS) -> tuple[int, str | None]:
     """Exact kernels on ``backend``: the pass size its verify passes go in
     (:func:`invariant_chunk`), and why there are none where that is 0 (else None)."""

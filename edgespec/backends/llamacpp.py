@@ -19,8 +19,9 @@ from ..core.acceptance import HostVerify
 from ..errors import EdgespecError
 from ..core.backend import BackendFacts, TokenizerMethods, check_forward, closed_error
 from .gguf_tokenizer import GGUFTokenizer
-from .kernels import EXACT, EXACT_KV_CACHE, kernel_mode, probe
+from .kernels import EXACT, EXACT_KV_CACHE, kernel_mode, prefill_invariant, probe
 from .llama_lib import Log, check_gguf_file, free_model, llama, load_model, physical_core_count
+from ..paths import model_identity
 
 def _bytes(array: np.ndarray):
     """A uint8 numpy array as the ``uint8_t *`` llama.cpp's state functions take."""
@@ -87,6 +88,13 @@ class LlamaCppBackend(TokenizerMethods, BackendFacts, HostVerify):
         if self.not_exact is None:
             self.exact_chunk, self.not_exact = probe(self)
         self.bit_exact = self.not_exact is None
+        self.exact_prefill = self.bit_exact and prefill_invariant(self)
+        import llama_cpp
+        self.state_key = "|".join([
+            model_identity(path), f"llama.cpp {llama_cpp.__version__}", f"ctx={self.n_ctx}",
+            f"batch={self.n_batch}", f"kv={kv_cache_type}", f"flash_attn={flash_attn}",
+            f"kernels={self.kernels}:{self.exact_chunk}", f"gpu_layers={n_gpu_layers}",
+            f"rpc={','.join(self.rpc) or 'none'}"])
 
     # -- evaluation ---------------------------------------------------------------
 
@@ -165,8 +173,13 @@ class LlamaCppBackend(TokenizerMethods, BackendFacts, HostVerify):
         written = llama.llama_state_seq_get_data(self._ctx, _bytes(state), size, 0) if size else 0
         return state[:written] if written else None
 
+    def state_bytes(self, state: np.ndarray) -> np.ndarray:
+        """A :meth:`save_state` copy is its bytes already."""
+        return state
+
     def load_state(self, state: np.ndarray) -> None:
-        """Replace the KV cache's contents with a :meth:`save_state` copy."""
+        """Replace the KV cache's contents with a :meth:`save_state` copy (or its bytes
+        read back from a file)."""
         if not self._ctx:
             raise closed_error(self.name)
         llama.llama_memory_seq_rm(self._memory, 0, 0, -1)

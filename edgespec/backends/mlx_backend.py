@@ -21,7 +21,7 @@ import numpy as np
 from ..core.acceptance import verify_round
 from ..errors import EdgespecError
 from ..core.backend import BackendFacts, TokenizerMethods, VocabInfo, check_forward, check_token_ids, closed_error
-from .kernels import EXACT, MLX_CHUNKS, kernel_mode, probe
+from .kernels import EXACT, MLX_CHUNKS, kernel_mode, prefill_invariant, probe
 
 try:
     import mlx.core as mx
@@ -32,6 +32,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
         "pip install 'mlx[cpu]' mlx-lm on Linux") from exc
 
 _PREFILL_CHUNK = 512
+_UINT = {1: mx.uint8, 2: mx.uint16, 4: mx.uint32, 8: mx.uint64}
 
 
 @dataclass
@@ -42,12 +43,43 @@ class MlxState:
     n_past: int
     nbytes: int
 
+    def to_bytes(self) -> np.ndarray:
+        """The state as bytes for a file: a JSON header (positions, each array's dtype
+        and shape), its length before it (8 bytes), then each array's raw bytes."""
+        flat = [a for pair in self.arrays for a in pair]
+        header = json.dumps({"n_past": self.n_past,
+                             "arrays": [[str(a.dtype).split(".")[-1], list(a.shape)] for a in flat]}).encode()
+        parts = [np.frombuffer(len(header).to_bytes(8, "little") + header, dtype=np.uint8)]
+        for a in flat:  # (viewed as unsigned integers: numpy has no bfloat16)
+            parts.append(np.array(a.view(_UINT[a.dtype.size])).view(np.uint8).reshape(-1))
+        return np.concatenate(parts)
+
+    @classmethod
+    def from_bytes(cls, data: np.ndarray) -> "MlxState":
+        """What :meth:`to_bytes` wrote (ValueError if it is not that)."""
+        raw = memoryview(np.ascontiguousarray(data, dtype=np.uint8))
+        length = int.from_bytes(raw[:8], "little")
+        header = json.loads(bytes(raw[8:8 + length]))
+        offset, flat = 8 + length, []
+        for dtype_name, shape in header["arrays"]:
+            dtype = getattr(mx, dtype_name)
+            size = int(np.prod(shape)) * dtype.size
+            if offset + size > len(raw):
+                raise ValueError("the saved MLX state is shorter than its header says")
+            ints = np.frombuffer(raw[offset:offset + size], dtype=f"<u{dtype.size}").reshape(shape)
+            flat.append(mx.array(ints).view(dtype))
+            offset += size
+        arrays = list(zip(flat[0::2], flat[1::2]))
+        return cls(arrays, int(header["n_past"]), sum(k.nbytes + v.nbytes for k, v in arrays))
+
 
 class MlxBackend(TokenizerMethods, BackendFacts):
     """An mlx-lm model behind the :class:`~edgespec.core.backend.Backend` protocol."""
 
-    def __init__(self, model, tokenizer, *, name: str, n_ctx: int = 4096, kernels: str | None = None):
+    def __init__(self, model, tokenizer, *, name: str, n_ctx: int = 4096, kernels: str | None = None,
+                 path: Path | None = None):
         self.model = model
+        self.path = path  # the mlx-lm folder it came from (None: built in memory)
         self.tokenizer = tokenizer
         self.name = name
         self.vocab = tokenizer.vocab
@@ -71,6 +103,11 @@ class MlxBackend(TokenizerMethods, BackendFacts):
         else:
             self.not_exact = "fast kernels: whether a pass rounds as one-token steps is not checked"
         self.bit_exact = self.not_exact is None
+        self.exact_prefill = self.bit_exact and prefill_invariant(self)
+        if path is not None:
+            from ..paths import model_identity
+            self.state_key = "|".join([model_identity(path), f"mlx {mx.__version__}", f"ctx={n_ctx}",
+                                       f"kernels={kernel_mode(kernels)}:{self.exact_chunk}"])
 
     @property
     def n_past(self) -> int:
@@ -157,11 +194,20 @@ class MlxBackend(TokenizerMethods, BackendFacts):
         mx.eval(arrays)
         return MlxState(arrays, self._n_past, sum(k.nbytes + v.nbytes for k, v in arrays))
 
-    def load_state(self, state: "MlxState") -> None:
+    def state_bytes(self, state: "MlxState") -> np.ndarray:
+        """A :meth:`save_state` copy as bytes for a file (:meth:`MlxState.to_bytes`)."""
+        return state.to_bytes()
+
+    def load_state(self, state: "MlxState | np.ndarray") -> None:
         """Replace the cache with a :meth:`save_state` copy (written into fresh caches
         through their own ``update_and_fetch``, so the saved arrays stay as they are)."""
         if self.model is None:
             raise closed_error(self.name)
+        if isinstance(state, np.ndarray):  # read back from a file
+            try:
+                state = MlxState.from_bytes(state)
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                raise EdgespecError(f"{self.name} refused a saved state ({exc})") from None
         if not isinstance(state, MlxState) or len(state.arrays) != len(self.cache):
             raise EdgespecError(f"{self.name} refused a saved state (another model)")
         cache = make_prompt_cache(self.model)
@@ -269,7 +315,7 @@ def load_mlx_gguf(path: Path, *, name: str, n_ctx: int, quantize: str, kernels: 
     folder = convert_gguf(path, quantize=quantize)
     model, _ = load_folder(folder)
     tokenizer = GGUFTokenizer.from_file(path)
-    return MlxBackend(model, tokenizer, name=name, n_ctx=n_ctx, kernels=kernels)
+    return MlxBackend(model, tokenizer, name=name, n_ctx=n_ctx, kernels=kernels, path=folder)
 
 
 def load_mlx_folder(folder: Path, *, name: str, n_ctx: int, kernels: str | None) -> MlxBackend:
@@ -279,7 +325,7 @@ def load_mlx_folder(folder: Path, *, name: str, n_ctx: int, kernels: str | None)
     wrapper = load_tokenizer(folder)
     vocab_size = int(config.get("vocab_size") or wrapper.vocab_size)
     tokenizer = HFTokenizer(wrapper._tokenizer, vocab_size, wrapper.eos_token_ids)
-    return MlxBackend(model, tokenizer, name=name, n_ctx=n_ctx, kernels=kernels)
+    return MlxBackend(model, tokenizer, name=name, n_ctx=n_ctx, kernels=kernels, path=folder)
 
 
 def load_folder(folder: Path):

@@ -47,6 +47,41 @@ def _setup_line_editing() -> None:
         pass
 
 
+class ProgressLine:
+    """A line that shows how far a long prompt's processing has come, and the time left,
+    rewritten in place and erased when the reply starts. Shown where at least
+    :attr:`MIN_TOKENS` are left to evaluate; before the first pass has ended, the time
+    left comes from the rate the last prompt ran at."""
+
+    MIN_TOKENS = 256
+
+    def __init__(self, out):
+        self.out, self.shown, self.rate = out, False, None  # rate: tokens per second
+
+    def __call__(self, p) -> None:
+        if p.total - p.cache < self.MIN_TOKENS:
+            return
+        left = p.seconds_left()
+        if p.processed > p.cache and p.seconds > 0:
+            self.rate = (p.processed - p.cache) / p.seconds
+        elif left is None and self.rate:
+            left = (p.total - p.processed) / self.rate
+        if p.processed >= p.total:
+            self.clear()
+            return
+        eta = f", about {left:.0f} s left" if left is not None else ""
+        cached = f" ({p.cache:,} cached)" if p.cache else ""
+        self.out.write(f"\r\x1b[K(prompt: {p.processed:,} of {p.total:,} tokens{cached}{eta})")
+        self.out.flush()
+        self.shown = True
+
+    def clear(self) -> None:
+        if self.shown:
+            self.out.write("\r\x1b[K")
+            self.out.flush()
+            self.shown = False
+
+
 def _stats_line(session: ChatSession) -> str:
     turn = session.last
     s = turn.stats
@@ -57,6 +92,8 @@ def _stats_line(session: ChatSession) -> str:
     else:
         parts.append("no drafter")
     parts.append(f"prompt eval {s.prompt_eval_tokens}/{s.prompt_tokens} tokens")
+    if s.prompt_restored_tokens:
+        parts.append(f"{s.prompt_restored_tokens} restored from saved prompts")
     if turn.finish_reason not in ("stop",):
         parts.append(f"finish {turn.finish_reason}")
     if turn.dropped_messages:
@@ -165,6 +202,8 @@ def _reply(session: ChatSession, text: str, *, show_draft: bool, color: bool, ou
             out.flush()
     except KeyboardInterrupt:
         stream.close()  # caches are rewound; the partial reply stays in the history
+        if session.progress is not None:
+            session.progress.clear()
         out.write("\n(interrupted)")
     out.write("\n")
     line = _stats_line(session)
@@ -194,7 +233,8 @@ def run_chat(args) -> int:
     print(f"(loading {args.model} ...)", file=sys.stderr)
     engine = build_engine(args, fetch=True)
     session = ChatSession(engine, params=params, system=args.system, max_tokens=args.max_tokens,
-                          speculative=bool(engine.active_drafters()))
+                          speculative=bool(engine.active_drafters()),
+                          progress=ProgressLine(out) if out.isatty() else None)
     if args.load:
         session.load(args.load)
     _setup_line_editing()

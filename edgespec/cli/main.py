@@ -183,7 +183,7 @@ def cmd_selfcheck(args) -> int:
                             "(prompt lookup and the suffix drafter propose the target's own "
                             "tokens, which the greedy and seed checks of any pair cover)")
     args.num_draft = 4
-    engine = build_engine(args, fetch=True)
+    engine = build_engine(args, fetch=True, disk=False)  # (its prompts are not a conversation)
     try:
         draft = engine.drafter
         if not isinstance(draft, DraftModel):

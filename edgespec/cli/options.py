@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from ..core.prompt_disk import default_folder
 from ..errors import EdgespecError
 from ..drafters import registry
 from ..drafters.registry import drafter_help
@@ -67,6 +68,13 @@ def add_model_options(parser: argparse.ArgumentParser, *, model_required: bool =
                              "(llama.cpp only; 0: off, the default). Not exact: the logits after "
                              "a shifted chunk move far beyond rounding (docs/exactness.md); "
                              "exact kernels ignore it")
+    parser.add_argument("--cache-dir", default=None, metavar="DIR",
+                        help="folder for saved prompts that outlive the process: a chat started "
+                             "again or a server restarted restores a conversation's prompt instead "
+                             "of evaluating it (default: $EDGESPEC_HOME/prompt-cache)")
+    parser.add_argument("--cache-disk", type=int, default=None, metavar="MiB",
+                        help="disk budget of --cache-dir, least recently used states removed past "
+                             "it (0: off; default: $EDGESPEC_CACHE_DISK, else 4096)")
     parser.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto")
     parser.add_argument("--kernels", choices=("exact", "fast"), default=None,
                         help="'exact': verify passes that round as one-token steps (llama.cpp "
@@ -130,10 +138,11 @@ def _can_offload() -> bool:
     return gpu_offload_supported()
 
 
-def build_engine(args, *, fetch: bool = False):
+def build_engine(args, *, fetch: bool = False, disk: bool = True):
     """Load target and drafter as the arguments say and return an Engine.
 
-    Without ``-d`` (and no saved profile): auto mode over prompt lookup."""
+    Without ``-d`` (and no saved profile): auto mode over prompt lookup. ``disk``: with
+    the folder of saved prompts (``--cache-dir``), as chat, generate and serve have it."""
     from ..api import load
     from ..models.arguments import pick_backend
     from ..measure.profiles import load_profile
@@ -159,7 +168,9 @@ def build_engine(args, *, fetch: bool = False):
                 draft_n_threads=args.threads_draft, draft_n_gpu_layers=args.n_gpu_layers_draft,
                 mlx_quantize=o.mlx_quantize, fetch=fetch, rpc=args.rpc, draft_rpc=args.rpc_draft,
                 kernels=o.kernels, cache_ram=args.cache_ram,
-                cache_reuse=args.cache_reuse)
+                cache_reuse=args.cache_reuse,
+                cache_dir=(args.cache_dir or default_folder()) if disk else None,
+                cache_disk=args.cache_disk)
 
 
 def writable(path: str, flag: str) -> str:

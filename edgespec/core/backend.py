@@ -62,6 +62,9 @@ class Backend(Protocol):
     bit_exact: bool
     exact_chunk: int
     not_exact: str | None
+    # With exact kernels: whether a prompt pass leaves the K/V one-token steps leave (then
+    # a reply's tokens may be reused for the next prompt; else only whole prompt passes).
+    exact_prefill: bool
     device_logits: bool
 
     @property
@@ -88,10 +91,18 @@ class Backend(Protocol):
 
     # The KV cache's contents as a copy in host memory (anything with ``nbytes``), or
     # None where the backend cannot save it; ``load_state`` puts such a copy back (the
-    # cache then holds what it held when saved) or raises EdgespecError.
+    # cache then holds what it held when saved), or the bytes ``state_bytes`` made of one
+    # (read back from a file), or raises EdgespecError.
     def save_state(self) -> object | None: ...
 
     def load_state(self, state: object) -> None: ...
+
+    # What a saved state's bytes depend on, as one string: the model's identity (its
+    # bytes, not its path) first, then "|" and each setting (context size, kernels, KV
+    # cache type, the library's version). None: its states never leave this process.
+    state_key: str | None
+
+    def state_bytes(self, state: object) -> np.ndarray: ...  # a save_state copy as uint8 bytes
 
     # Move the cached positions [start, end) by ``delta`` (< 0) into the gap before them,
     # dropping what held it (llama.cpp's KV shift: its keys are rotated anew); False,
@@ -125,15 +136,22 @@ class BackendFacts:
     bit_exact: bool = False
     exact_chunk: int = 0
     not_exact: str | None = "no batch-invariant kernels on this backend"
+    exact_prefill: bool = False
     device_logits: bool = False
 
     def chat_template(self) -> str | None:
         """The model's Jinja chat template (None: it has none; ChatML is used)."""
         return None
 
+    state_key: str | None = None
+
     def save_state(self) -> object | None:
         """No saved states: its prompts are not kept in a prompt cache."""
         return None
+
+    def state_bytes(self, state: object):
+        from ..errors import EdgespecError
+        raise EdgespecError(f"{self.name} cannot write a saved state to a file")
 
     def load_state(self, state: object) -> None:
         from ..errors import EdgespecError

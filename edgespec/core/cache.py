@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -9,8 +11,34 @@ import numpy as np
 from ..errors import EdgespecError
 from .backend import Backend, logits_on_device
 from .prompt_cache import PromptCache, common_prefix_length
+from .prompt_disk import DiskEntry, log
 
-__all__ = ["CachedModel", "common_prefix_length"]
+__all__ = ["CachedModel", "PromptProgress", "common_prefix_length", "PREFILL_CHUNK"]
+
+# Prompt tokens evaluated in one pass (llama.cpp's default batch), in passes that start
+# at multiples of it: then the same prompt is evaluated in the same passes whatever
+# was cached before it, which exact kernels need of a restored state.
+PREFILL_CHUNK = 512
+
+
+@dataclass(frozen=True)
+class PromptProgress:
+    """How far the processing of a prompt has come (llama-server's ``prompt_progress``):
+    of its ``total`` tokens, ``cache`` were reused or restored and ``processed`` are in
+    the model's cache now (cached ones included), ``seconds`` after it began. The
+    processing's own share is ``(processed - cache) / (total - cache)``."""
+
+    total: int
+    cache: int
+    processed: int
+    seconds: float
+
+    def seconds_left(self) -> float | None:
+        """The time left at the rate so far (None before the first pass has ended)."""
+        done = self.processed - self.cache
+        if done <= 0 or self.seconds <= 0:
+            return None
+        return (self.total - self.processed) * self.seconds / done
 
 
 class CachedModel:
@@ -20,17 +48,39 @@ class CachedModel:
     "the cache should hold this prefix" (:meth:`sync`) and only the missing
     tokens are evaluated. If a forward fails or is interrupted (Ctrl-C), the
     cache is rewound to what it held before, so it never holds unknown tokens.
+
+    ``aligned`` counts the first tokens whose K/V came from whole prefill passes of
+    :data:`PREFILL_CHUNK` tokens starting at its multiples: what a cold prefill of
+    the same tokens computes bit for bit. With exact kernels on a backend whose prompt
+    passes round otherwise than one-token steps (``exact_prefill`` false: repacked
+    weights), only those are reused for a new prompt or restored from a saved state (a
+    reply's tokens, decoded a pass at a time, would differ from a prompt's batch), so a
+    prompt's output never depends on what was cached: the cold run's, token for token.
     """
 
     def __init__(self, backend: Backend, prompt_cache: PromptCache | None = None):
         self.backend = backend
         self.tokens: list[int] = []
+        self.aligned = 0
         # Where the conversations this cache drops are kept for later (None: nowhere).
         self.prompt_cache = prompt_cache
-        # A saved state is restored only into a cache of the same model and context.
-        self.key = f"{backend.name}|{backend.path}|{backend.n_ctx}|{backend.bit_exact}"
+        # A saved state is restored only into a cache of the same model, context, kernels
+        # and KV type: what its key names (a backend without one: this process only).
+        self.key = backend.state_key or f"{backend.name}|{backend.path}|{backend.n_ctx}|{backend.bit_exact}"
         self.restores = 0  # states restored so far (what was computed after the old one is void)
         backend.rewind(0)
+
+    @property
+    def reusable(self) -> int:
+        """How many cached tokens a new prompt may keep: all of them, or (exact kernels
+        whose prompt passes round otherwise than one-token steps) the :attr:`aligned` ones."""
+        return min(self.aligned, len(self.tokens)) if self._passes_only else len(self.tokens)
+
+    @property
+    def _passes_only(self) -> bool:
+        """Whether only K/V from whole prompt passes may be reused (exact kernels whose
+        prompt passes round otherwise than one-token steps)."""
+        return self.backend.bit_exact and not self.backend.exact_prefill
 
     def forward(self, token_ids: Sequence[int], *, last_only: bool = False,
                 on_device: bool = False) -> np.ndarray:
@@ -46,6 +96,8 @@ class CachedModel:
         except BaseException:
             self.backend.rewind(before)
             raise
+        if before == self.aligned:  # whole prefill passes from an aligned start
+            self.aligned += len(token_ids) // PREFILL_CHUNK * PREFILL_CHUNK
         self.tokens.extend(int(t) for t in token_ids)
         return logits
 
@@ -68,10 +120,12 @@ class CachedModel:
         """
         self.backend.rewind(n_past)
         del self.tokens[n_past:]
+        self.aligned = min(self.aligned, n_past // PREFILL_CHUNK * PREFILL_CHUNK)
 
     def reuse(self, context: Sequence[int], *, cached: bool = True) -> tuple[int, int]:
         """For a new prompt: keep the longest prefix of ``context`` there is without
-        evaluating anything, and rewind to it. Returns ``(tokens kept, of which
+        evaluating anything (with exact kernels, of what :attr:`reusable` allows), and
+        rewind to it. Returns ``(tokens kept, of which
         restored from the prompt cache)``. ``cached=False``: keep nothing (a request's
         ``cache_prompt: false``).
 
@@ -83,11 +137,12 @@ class CachedModel:
         if not cached:
             self.rewind(0)
             return 0, 0
-        common = common_prefix_length(self.tokens, context)
+        common = self._whole(min(common_prefix_length(self.tokens, context), self.reusable))
         saved, restored = self.prompt_cache, 0
         if saved is not None and saved.enabled and (
                 len(context) - common >= saved.min_tokens or len(self.tokens) - common >= saved.min_tokens):
             entry, matched = saved.best(self.key, context)
+            matched = self._whole(matched)
             if len(self.tokens) - common >= saved.min_tokens:
                 self.keep()  # (before the state is replaced or trimmed)
             if entry is not None and matched >= common + saved.min_tokens:
@@ -103,6 +158,38 @@ class CachedModel:
             common = self._shift_chunks(context, common, saved.shift_min)
         self.rewind(common)
         return common, restored
+
+    def prefill(self, prompt: Sequence[int], *, cached: bool = True, cancel=None, progress=None,
+                clock=time.perf_counter) -> tuple[int, int] | None:
+        """Make the cache hold ``prompt`` (a generation's prompt but its last token):
+        reuse what there is (:meth:`reuse`; ``cached=False``: nothing), then evaluate the
+        rest in passes that end at multiples of :data:`PREFILL_CHUNK` (a prompt is
+        evaluated in the same passes whatever was cached), looking at ``cancel`` (an
+        event) between them and telling ``progress`` how far it has come
+        (a :class:`PromptProgress` over the whole prompt, the
+        last token too: once with what was cached, after each pass, and at the end).
+        Returns ``(tokens evaluated, tokens restored from saved prompts)``, or None if
+        cancelled."""
+        start, total = clock(), len(prompt) + 1
+        done, restored = self.reuse(prompt, cached=cached)
+        kept, evaluated = done, 0
+        while True:
+            if progress is not None:
+                progress(PromptProgress(total, kept, done, clock() - start))
+            if done >= len(prompt):
+                break
+            if cancel is not None and cancel.is_set():
+                return None
+            done = min((done // PREFILL_CHUNK + 1) * PREFILL_CHUNK, len(prompt))
+            evaluated += self.sync(prompt[:done], need_logits=False)[1]
+        if progress is not None:  # (the last token goes in with the first round: as far as a wait goes, done)
+            progress(PromptProgress(total, kept, total, clock() - start))
+        return evaluated, restored
+
+    def _whole(self, n: int) -> int:
+        """``n`` kept tokens, with exact kernels cut to whole prefill passes (the next pass
+        must start where a cold prefill's does)."""
+        return n // PREFILL_CHUNK * PREFILL_CHUNK if self._passes_only else n
 
     def _shift_chunks(self, context: Sequence[int], common: int, min_chunk: int) -> int:
         """llama-server's ``--cache-reuse``: past the common prefix, cached chunks of at
@@ -125,33 +212,47 @@ class CachedModel:
                 break
         if head_p > common:
             self.tokens = list(context[:head_p])  # (the rewind that follows drops the rest)
+            self.aligned = min(self.aligned, common)
             self.restores += 1  # (what a drafter computed after the old contents is void)
         return head_p
 
     def keep(self) -> bool:
         """Save what the cache holds to the prompt cache (unless a saved state already
         holds it, or it is too short to be worth it); whether it was saved."""
-        saved = self.prompt_cache
-        if saved is None or not saved.enabled or len(self.tokens) < saved.min_tokens \
-                or self.backend.n_past != len(self.tokens) or saved.holds(self.key, self.tokens):
+        saved, usable = self.prompt_cache, self.reusable
+        if saved is None or not saved.enabled or usable < saved.min_tokens \
+                or self.backend.n_past != len(self.tokens) or saved.holds(self.key, self.tokens, usable):
             return False
         state = self.backend.save_state()
-        return state is not None and saved.save(self.key, self.tokens, state, state.nbytes)
+        dump = self.backend.state_bytes if self.backend.state_key else None
+        return state is not None and saved.save(self.key, self.tokens, state, state.nbytes,
+                                                usable=usable, dump=dump)
 
     def _restore(self, entry) -> bool:
-        """Put ``entry``'s state in the backend; False (the cache emptied) if it refuses."""
-        if entry.model != self.key:
-            raise EdgespecError(f"a saved state of {entry.model.split('|')[0]} cannot be restored "
+        """Put ``entry``'s state in the backend (from RAM or read from the folder, where
+        it is checked first); False (the cache emptied) if it fails a check or the
+        backend refuses it."""
+        key = entry.key if isinstance(entry, DiskEntry) else entry.model
+        if key != self.key:
+            raise EdgespecError(f"a saved state of {key.split('|')[0]} cannot be restored "
                                 f"into {self.backend.name}: it is another model or context size")
+        state = self.prompt_cache.read(entry) if isinstance(entry, DiskEntry) else entry.state
         try:
-            self.backend.load_state(entry.state)
-        except EdgespecError:
+            if state is None:  # (the file failed a check: said, and removed)
+                raise EdgespecError("refused")
+            self.backend.load_state(state)
+        except EdgespecError as exc:
+            if isinstance(entry, DiskEntry) and state is not None:
+                log.warning("%s refused the saved prompt state %s (%s): removed; the prompt is "
+                            "evaluated instead", self.backend.name, entry.path.name, exc)
+                self.prompt_cache.disk.remove(entry)
             self.rewind(0)
             return False
         except BaseException:  # interrupted mid-copy: whatever is there is unknown
             self.rewind(0)
             raise
         self.tokens = list(entry.tokens)
+        self.aligned = entry.usable
         self.restores += 1
         return True
 

@@ -35,7 +35,7 @@ from .backend import Backend
 from .cache import CachedModel, common_prefix_length
 from .coupling import Coupling
 from .draft import Draft, Drafter
-from .generation import Chunk, Committed, Generation, Run, collect, sampling_from, stream_text
+from .generation import Chunk, Committed, Generation, PromptProgress, Run, collect, sampling_from, stream_text
 from .planner import (DraftingRound, FixedPlanners, Planner, Planners, RoundResult, check_num_draft,
                       draft_round)
 from .prompt_cache import PromptCache
@@ -43,9 +43,6 @@ from .prompting import chat_prompt_ids, prompt_ids
 from .sampling import SamplingParams, Scratch, make_rng
 from .shaping import Shaping, token_logprobs
 from .stats import GenerationStats
-
-# Prompt tokens evaluated between two looks at a cancel (llama.cpp's default batch).
-PREFILL_CHUNK = 512
 
 
 _DEFAULT = object()  # (a generation's drafter: the engine's own)
@@ -161,7 +158,8 @@ class Engine:
                rng: np.random.Generator | Coupling | None = None,
                cancel: threading.Event | None = None, shaping: Shaping | None = None,
                logprobs: int | None = None, drafter: Drafter | None = _DEFAULT,
-               num_draft: int | str | None = None, cache_prompt: bool = True) -> Iterator[Chunk]:
+               num_draft: int | str | None = None, cache_prompt: bool = True,
+               progress: Callable[[PromptProgress], None] | None = None) -> Iterator[Chunk]:
         """Yield :class:`Chunk` objects as tokens are committed.
 
         Bad arguments raise here, before any work. The last chunk has
@@ -175,6 +173,9 @@ class Engine:
         each token's log-probability and this many alternatives (``Chunk.logprobs``).
         ``drafter`` and ``num_draft``: this generation's, instead of the engine's own
         (the engine's settings stay as they are). ``cache_prompt=False``: reuse nothing cached.
+        ``progress``: called with a :class:`PromptProgress` while the prompt is processed
+        (once with what was cached, after each pass, and at the end), in the thread that
+        reads the stream.
         """
         params = params or SamplingParams()
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
@@ -203,7 +204,7 @@ class Engine:
                                 prompt_tokens=len(prompt_ids))
         run = Run(list(prompt_ids), params, rng or make_rng(params), max_tokens, speculative, stats,
                   n_ctx, planner, cancelled=cancel or threading.Event(), shaping=shaping,
-                  logprobs=logprobs, cache_prompt=bool(cache_prompt))
+                  logprobs=logprobs, cache_prompt=bool(cache_prompt), progress=progress)
         with self._runs_lock:
             self._runs.add(run)
         return self._generation(run, stop)
@@ -251,12 +252,17 @@ class Engine:
 
         In auto mode the costs measured while running become the next run's prior
         (also those of an auto planner switched away from): the planners keep their own.
+        With a prompt cache that has a folder, the conversation in the models' caches and
+        every state held in RAM are written there first (a restart restores them).
         """
         if self._closed:
             return
         self._closed = True  # from here on nothing new starts
         self.cancel()
         with self._models:  # a pass in flight ends first; then no run touches a model again
+            if self.prompt_cache is not None:
+                self.prompt_cache.flush([self.target_cache] + [d.cache for d in self.active_drafters()
+                                                               if isinstance(d.cache, CachedModel)])
             for planner in {id(p): p for p in self._own}.values():
                 planner.close()
             self.planners.close()
@@ -331,18 +337,14 @@ class Engine:
                         drafter.rewind(ctx)
 
     def _prefill(self, run: Run) -> bool:
-        """Evaluate the prompt but its last token into the target's cache, in
-        chunks between which a cancel is seen; False if cancelled."""
-        prompt = run.context[:-1]
-        done, run.stats.prompt_restored_tokens = self.target_cache.reuse(prompt, cached=run.cache_prompt)
-        while done < len(prompt):
-            if run.cancelled.is_set():
-                run.finish_reason = "cancelled"
-                return False
-            done = min(done + PREFILL_CHUNK, len(prompt))
-            _, evaluated = self.target_cache.sync(prompt[:done], need_logits=False)
-            run.stats.prompt_eval_tokens += evaluated
-        run.stats.prompt_eval_tokens += 1  # the last prompt token, with the first drafts
+        """Evaluate the prompt but its last token into the target's cache (its last
+        token goes in with the first round's drafts); False if cancelled meanwhile."""
+        done = self.target_cache.prefill(run.context[:-1], cached=run.cache_prompt, cancel=run.cancelled,
+                                         progress=run.progress, clock=self._clock)
+        if done is None:
+            run.finish_reason = "cancelled"
+            return False
+        run.stats.prompt_eval_tokens, run.stats.prompt_restored_tokens = done[0] + 1, done[1]
         return True
 
     def _round(self, run: Run) -> list[Committed]:

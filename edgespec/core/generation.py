@@ -9,6 +9,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
+from .cache import PromptProgress
 from .coupling import Coupling
 from .detokenize import IncrementalDetokenizer, StopMatcher
 from .sampling import SamplingParams
@@ -33,6 +34,7 @@ class Run:
     shaping: Shaping | None = None  # a request's bias, penalties, grammar (None: none)
     logprobs: int | None = None  # report log-probabilities, with this many alternatives
     cache_prompt: bool = True  # False: evaluate the whole prompt, reusing no cached state
+    progress: Callable[[PromptProgress], None] | None = None  # told while the prompt is processed
     # Set by Engine.cancel() any time after the call that made this run returned.
     cancelled: threading.Event = field(default_factory=threading.Event)
 

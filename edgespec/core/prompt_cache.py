@@ -9,10 +9,16 @@ saves what a new prompt would drop (:meth:`edgespec.core.cache.CachedModel.reuse
 and a new prompt brings back the saved state that shares its longest prefix.
 The least recently used state goes first when the budget is full.
 
-A restored state is the very bytes that were saved, so the logits after it are
-the ones a cold run computes over the same tokens (bit for bit with exact
-kernels). Only a prefix is reused unless ``--cache-reuse`` asks for shifted chunks
-too, which is not exact (docs/exactness.md).
+Below RAM there may be a folder (:mod:`.prompt_disk`): a state leaves RAM for it
+when it is evicted, and every state still held goes there when the engine closes
+(:meth:`PromptCache.flush`), so a conversation survives a restart. A lookup takes
+the longest prefix there is, RAM first at equal lengths.
+
+A restored state is the very bytes that were saved. With exact kernels only its
+``usable`` prefix is restored: the tokens a cold prefill computes in the same
+passes (:class:`~edgespec.core.cache.CachedModel`), so the logits after it are a cold
+run's, bit for bit. Only a prefix is reused unless ``--cache-reuse`` asks for shifted
+chunks too, which is not exact (docs/exactness.md).
 """
 
 from __future__ import annotations
@@ -20,7 +26,14 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .prefix import common_prefix_length
+from .prompt_disk import DiskEntry, PromptDisk
+
+__all__ = ["PromptCache", "PromptCacheStats", "SavedPrompt", "common_prefix_length", "default_budget_mib"]
 
 
 # Fewer tokens than this are not worth a save or a restore: evaluating them costs
@@ -49,6 +62,14 @@ class SavedPrompt:
     state: object  # what the backend's save_state returned
     nbytes: int
     used: int  # the cache's clock when last saved or restored (LRU order)
+    usable: int = -1  # how many of the tokens may be restored (-1: all of them)
+    # The state as bytes for a file (the backend's state_bytes); None: never on disk.
+    dump: Callable[[object], np.ndarray] | None = None
+    on_disk: bool = False  # already written to the folder
+
+    def __post_init__(self):
+        if self.usable < 0:
+            self.usable = len(self.tokens)
 
 
 @dataclass
@@ -62,6 +83,10 @@ class PromptCacheStats:
     restored_tokens: int = 0  # prompt tokens brought back instead of evaluated
     bytes: int = 0  # held now
     entries: int = 0  # held now
+    disk_hits: int = 0  # of the hits, restored from the folder
+    disk_writes: int = 0  # states written to the folder
+    disk_refused: int = 0  # files that failed a check (removed; the prompt evaluated)
+    disk_bytes: int = 0  # the folder's size now
 
 
 class PromptCache:
@@ -73,10 +98,13 @@ class PromptCache:
     by KV shift (:meth:`edgespec.core.cache.CachedModel.reuse`). It holds whether or
     not states are saved (a budget of 0), and never with exact kernels.
 
+    ``disk``: the folder below RAM (None: none).
+
     Thread-safe: a server's worker saves and restores while ``/metrics`` reads.
     """
 
-    def __init__(self, budget_bytes: int, *, min_tokens: int = MIN_TOKENS, shift_min: int = 0):
+    def __init__(self, budget_bytes: int, *, min_tokens: int = MIN_TOKENS, shift_min: int = 0,
+                 disk: PromptDisk | None = None):
         if budget_bytes < 0:
             raise ValueError(f"invalid prompt cache budget {budget_bytes}: must be >= 0 bytes")
         if shift_min < 0:
@@ -84,6 +112,7 @@ class PromptCache:
         self.budget = int(budget_bytes)
         self.min_tokens = min_tokens
         self.shift_min = int(shift_min)
+        self.disk = disk if disk is not None and disk.enabled else None
         self._saved: list[SavedPrompt] = []
         self._clock = 0
         self._lock = threading.Lock()
@@ -91,28 +120,40 @@ class PromptCache:
 
     @property
     def enabled(self) -> bool:
-        return self.budget > 0
+        """Whether states are kept anywhere (RAM or the folder)."""
+        return self.budget > 0 or self.disk is not None
 
     def stats(self) -> PromptCacheStats:
         """A copy of the counters, with what is held now."""
         with self._lock:
             s = PromptCacheStats(**vars(self._stats))
             s.bytes, s.entries = sum(e.nbytes for e in self._saved), len(self._saved)
+            if self.disk is not None:
+                s.disk_refused, s.disk_bytes = self.disk.refused, self.disk.size()
             return s
 
-    def best(self, model: str, context: Sequence[int]) -> tuple[SavedPrompt | None, int]:
-        """The saved state of ``model`` sharing the longest prefix with ``context``
-        (the most recent of equals), and that length; (None, 0) if none is saved."""
+    def best(self, model: str, context: Sequence[int]) -> tuple[SavedPrompt | DiskEntry | None, int]:
+        """The saved state of ``model`` whose usable tokens share the longest prefix with
+        ``context`` (in RAM, the most recent of equals; then in the folder, if longer),
+        and that length; (None, 0) if none is saved."""
         with self._lock:
             found, length = None, 0
             for entry in reversed(self._saved):  # most recently used first
                 if entry.model == model:
-                    n = common_prefix_length(entry.tokens, context)
+                    n = min(common_prefix_length(entry.tokens, context), entry.usable)
                     if n > length:
                         found, length = entry, n
+            if self.disk is not None:
+                on_disk, n = self.disk.best(model, context, min_tokens=max(length + 1, self.min_tokens))
+                if on_disk is not None:
+                    found, length = on_disk, n
             return found, length
 
-    def looked_up(self, entry: SavedPrompt | None, restored_tokens: int = 0) -> None:
+    def read(self, entry: DiskEntry) -> np.ndarray | None:
+        """A state from the folder, checked (None: it failed a check, and was removed)."""
+        return self.disk.read(entry) if self.disk is not None else None
+
+    def looked_up(self, entry: SavedPrompt | DiskEntry | None, restored_tokens: int = 0) -> None:
         """Count a lookup: ``entry`` was restored (a hit), or None was (a miss)."""
         with self._lock:
             if entry is None:
@@ -120,60 +161,74 @@ class PromptCache:
                 return
             self._stats.hits += 1
             self._stats.restored_tokens += restored_tokens
+            if isinstance(entry, DiskEntry):
+                self._stats.disk_hits += 1
+                return
             self._clock += 1
             entry.used = self._clock
 
-    def holds(self, model: str, tokens: Sequence[int]) -> bool:
-        """Whether a saved state of ``model`` already holds ``tokens`` (or more)."""
+    def holds(self, model: str, tokens: Sequence[int], usable: int | None = None) -> bool:
+        """Whether a saved state of ``model`` in RAM already holds ``tokens`` (or more),
+        with at least ``usable`` of them restorable (None: all)."""
+        usable = len(tokens) if usable is None else usable
         with self._lock:
-            return any(e.model == model and len(e.tokens) >= len(tokens)
+            return any(e.model == model and len(e.tokens) >= len(tokens) and e.usable >= usable
                        and common_prefix_length(e.tokens, tokens) == len(tokens) for e in self._saved)
 
-    def save(self, model: str, tokens: Sequence[int], state: object, nbytes: int) -> bool:
-        """Keep ``state`` (holding ``tokens`` of ``model``), dropping the saved states
-        it extends and then the least recently used until it fits; False if it is
-        larger than the whole budget (it is not kept)."""
+    def save(self, model: str, tokens: Sequence[int], state: object, nbytes: int, *,
+             usable: int | None = None, dump: Callable[[object], np.ndarray] | None = None) -> bool:
+        """Keep ``state`` (holding ``tokens`` of ``model``, of which ``usable`` may be
+        restored; None: all), dropping the saved states it extends and then the least
+        recently used until it fits: those go to the folder, if there is one and ``dump``
+        makes their bytes. A state larger than the whole RAM budget goes there at once.
+        False if it is kept nowhere."""
+        entry = SavedPrompt(model, list(tokens), state, int(nbytes), 0,
+                            len(tokens) if usable is None else usable, dump)
         with self._lock:
             if nbytes > self.budget:
-                return False
-            tokens = list(tokens)
+                return self._spill([entry]) > 0
             # A state this one extends is superseded: the same conversation, shorter.
             self._saved = [e for e in self._saved if not (
-                e.model == model and len(e.tokens) <= len(tokens)
-                and common_prefix_length(e.tokens, tokens) == len(e.tokens))]
+                e.model == model and len(e.tokens) <= len(entry.tokens) and e.usable <= entry.usable
+                and common_prefix_length(e.tokens, entry.tokens) == len(e.tokens))]
             held = sum(e.nbytes for e in self._saved)
             self._saved.sort(key=lambda e: e.used)
+            evicted = []
             while self._saved and held + nbytes > self.budget:
-                held -= self._saved.pop(0).nbytes
+                evicted.append(self._saved.pop(0))
+                held -= evicted[-1].nbytes
                 self._stats.evictions += 1
             self._clock += 1
-            self._saved.append(SavedPrompt(model, tokens, state, int(nbytes), self._clock))
+            entry.used = self._clock
+            self._saved.append(entry)
             self._stats.saves += 1
+            self._spill(evicted)
             return True
 
+    def flush(self, live: Sequence = ()) -> int:
+        """With a folder: save what the ``live`` caches hold (``CachedModel``s: the
+        conversations in the models), then write every state held in RAM that is not in
+        the folder yet (the least recently used first, so the folder's order is RAM's);
+        how many were written. The engine calls this when it closes."""
+        if self.disk is None:
+            return 0
+        for cache in live:
+            cache.keep()
+        with self._lock:
+            return self._spill(sorted(self._saved, key=lambda e: e.used))
+
+    def _spill(self, entries: list[SavedPrompt]) -> int:
+        """(Under the lock.) Write ``entries`` to the folder; how many were written."""
+        written = 0
+        for entry in entries:
+            if self.disk is None or entry.dump is None or entry.on_disk:
+                continue
+            entry.on_disk = self.disk.write(entry.model, entry.tokens, entry.usable, entry.dump(entry.state))
+            written += entry.on_disk
+        self._stats.disk_writes += written
+        return written
+
     def clear(self) -> None:
-        """Drop every saved state (their memory goes with them)."""
+        """Drop every saved state in RAM (their memory goes with them)."""
         with self._lock:
             self._saved.clear()
-
-
-def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two token lists."""
-    a, b = _as_list(a), _as_list(b)
-    n = min(len(a), len(b))
-    # Fast path: the usual case is that one list extends the other (slices of lists
-    # compare at C speed; this runs a few times per round over the whole context).
-    if (a if len(a) == n else a[:n]) == (b if len(b) == n else b[:n]):
-        return n
-    lo, hi = 0, n  # invariant: a[:lo] == b[:lo], a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
-def _as_list(tokens: Sequence[int]) -> list[int]:
-    return tokens if isinstance(tokens, list) else list(tokens)

@@ -22,7 +22,7 @@ from ..drafters import registry
 from ..drafters.registry import BUILTIN
 from ..errors import EdgespecError
 from .errors import ApiError, invalid
-from .openai_api import CompletionBody, Request, Sampling, timings
+from .openai_api import CompletionBody, Request, Sampling, progress, timings
 from .openai_fields import applied_samplers, token_entries
 from ..core.shaping import Shaping
 from ..core.prompting import check_prompt_chars
@@ -186,6 +186,13 @@ def completion_chunk(text: str, token_ids: list[int], predicted: int, from_draft
     return {"index": 0, "content": text, "tokens": token_ids, "stop": False, "id_slot": 0,
             "tokens_predicted": predicted, "from_draft": from_draft,
             **({"completion_probabilities": probs} if probs is not None else {})}
+
+
+def progress_chunk(prompt) -> dict:
+    """A streamed ``/completion`` event that only says how far the prompt's processing
+    has come (``return_progress``), as llama-server sends it."""
+    return {"index": 0, "content": "", "tokens": [], "stop": False, "id_slot": 0,
+            "tokens_predicted": 0, "tokens_evaluated": prompt.total, "prompt_progress": progress(prompt)}
 
 
 def completion(model: str, text: str, token_ids: list[int], stats: GenerationStats,

@@ -14,6 +14,7 @@ from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
 from . import llama_api
+from ..core.generation import PromptProgress
 from .llama_api import DetokenizeBody, NativeCompletion, TokenizeBody
 from .metrics import CONTENT_TYPE
 from .http import Whole, body, events, started
@@ -87,6 +88,9 @@ async def _events(stream: AsyncIterator, return_tokens: bool, final: Callable[[l
     chunks, predicted = [], 0
     try:
         async for item in stream:
+            if isinstance(item, PromptProgress):  # (only with return_progress)
+                yield llama_api.progress_chunk(item)
+                continue
             chunks.append(item)
             predicted += len(item.token_ids)
             if item.text or (return_tokens and item.token_ids) or (probs and item.logprobs):

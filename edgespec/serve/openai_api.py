@@ -24,6 +24,7 @@ from ..drafters.registry import REQUEST_CHOICES
 from . import openai_fields as fields
 from .errors import invalid
 from .openai_fields import MAX_TOP_LOGPROBS, Extras, reply_calls, tool_names
+from ..core.generation import PromptProgress
 from ..core.grammar import Grammar
 from ..core.sampling import SamplingParams
 from ..core.shaping import REPEAT_LAST_N, Shaping
@@ -52,6 +53,7 @@ class Request:
     num_draft: int | str | None = None  # k or "auto"; None: the server's default
     extras: Extras = field(default_factory=Extras)  # response_format, tools, logprobs, ...
     cache_prompt: bool = True      # False: nothing cached is reused for the prompt
+    return_progress: bool = False  # streamed: prompt_progress events while the prompt is processed
 
 
 def _sampling(value, info):
@@ -179,6 +181,7 @@ class _Shared(BaseModel):
     seed: Sampling = None
     samplers: Annotated[tuple[str, ...] | None, PlainValidator(fields.samplers)] = None
     cache_prompt: StrictBool = True
+    return_progress: StrictBool = False
     max_tokens: Annotated[StrictInt, Field(ge=1)] | None = Field(
         None, validation_alias=AliasChoices("max_completion_tokens", "max_tokens"))
     stream: StrictBool = False
@@ -227,7 +230,7 @@ class _Shared(BaseModel):
                        params, self.max_tokens, self.stop, self.stream,
                        bool(self.stream_options.get("include_usage")), self.model,
                        speculative.drafter, speculative.num_draft or self.n_max, extras,
-                       self.cache_prompt)
+                       self.cache_prompt, self.return_progress and self.stream)
 
 
 class ChatBody(_Shared, _Messages):
@@ -333,6 +336,24 @@ def chunk(request: Request, id: str, model: str, text: str | None, *, from_draft
             "created": int(time.time()), "model": model, "choices": [choice]}
     if stats is not None:
         data["timings"] = timings(stats)
+    return data
+
+
+def progress(prompt: PromptProgress) -> dict:
+    """llama-server's ``prompt_progress``: of ``total`` prompt tokens, ``cache`` reused,
+    ``processed`` in the cache now (cached ones included), ``time_ms`` since the
+    processing began."""
+    return {"total": prompt.total, "cache": prompt.cache, "processed": prompt.processed,
+            "time_ms": round(prompt.seconds * 1000)}
+
+
+def progress_chunk(request: Request, id: str, model: str, prompt: PromptProgress) -> dict:
+    """A streamed chunk that only says how far the prompt's processing has come (with
+    ``return_progress``), shaped as llama-server sends it: chat, an empty assistant delta."""
+    data = chunk(request, id, model, None)
+    if request.kind == "chat":
+        data["choices"][0]["delta"] = {"role": "assistant", "content": None}
+    data["prompt_progress"] = progress(prompt)
     return data
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import AsyncIterator, Callable
 
-from .openai_api import Request, chunk, response, usage_chunk
+from ..core.generation import PromptProgress
+from .openai_api import Request, chunk, progress_chunk, response, usage_chunk
 from .openai_fields import chat_logprobs, completion_logprobs, may_be_call, reply_calls, tool_names
 
 
@@ -20,7 +21,8 @@ def logprobs_of(request: Request, entries: list[dict] | None, token_bytes, offse
 
 async def stream_reply(request: Request, id: str, model: str, stream: AsyncIterator,
                        token_bytes) -> AsyncIterator[dict | str]:
-    """The events: a chunk per token, the finish, usage if asked, ``[DONE]``.
+    """The events: the prompt's progress if asked, a chunk per token, the finish, usage
+    if asked, ``[DONE]``.
     With tools, a reply's start that may be a tool call is held back; the calls go
     out as one delta before the finish."""
     names = tool_names(request.extras) if request.kind == "chat" else []
@@ -29,6 +31,9 @@ async def stream_reply(request: Request, id: str, model: str, stream: AsyncItera
         if request.kind == "chat":
             yield chunk(request, id, model, "", first=True)
         async for item in stream:
+            if isinstance(item, PromptProgress):  # (only with return_progress)
+                yield progress_chunk(request, id, model, item)
+                continue
             whole.append(item.text)
             text = item.text
             if holding:  # the reply so far may still be a tool call: not sent yet

@@ -132,7 +132,8 @@ def _rows() -> list[Row]:
         Row("id_slot", (NATIVE,), N, "one slot"),
         Row("n_keep", (NATIVE,), N, "the context is never shifted: a full context ends the reply"),
         Row("timings_per_token", (NATIVE,), N, "every reply carries its timings"),
-        Row("return_progress", (NATIVE,), N, "no progress events"),
+        Row("return_progress", ROUTES, H, "streamed: prompt_progress events (total, cache, processed, "
+            "time_ms) while the prompt is processed, as llama-server sends them"),
         Row("t_max_predict_ms", (NATIVE,), R, "not supported: use n_predict", (-1, 0)),
         Row("n_indent", (NATIVE,), R, "not supported", (0,)),
         Row("lora", (NATIVE,), R, "LoRA adapters are not supported", ([],)),

@@ -103,9 +103,10 @@ class Server:
 
     # -- one request --------------------------------------------------------------------
 
-    def start(self, request: Request, cancel: threading.Event):
+    def start(self, request: Request, cancel: threading.Event, progress=None):
         """Make the request's generation, with its drafter and k (checks the prompt);
-        the engine's own settings stay as they are."""
+        the engine's own settings stay as they are. ``progress``: told how far the
+        prompt's processing has come."""
         engine = self.engine
         try:
             drafter = self.drafters.get(request.drafter)
@@ -120,7 +121,8 @@ class Server:
         options = dict(max_tokens=request.max_tokens or engine.n_ctx, stop=request.stop,
                        speculative=speculative, cancel=cancel, shaping=extras.shaping,
                        logprobs=extras.logprobs, drafter=drafter if speculative else None,
-                       num_draft=num_draft if speculative else 1, cache_prompt=request.cache_prompt)
+                       num_draft=num_draft if speculative else 1, cache_prompt=request.cache_prompt,
+                       progress=progress)
         if request.kind == "chat":
             tools = extras.tools if extras.tool_choice != "none" else None
             if tools and not template_has_tools(engine.target.chat_template()):
@@ -131,7 +133,9 @@ class Server:
         return engine.stream(request.prompt, request.params, **options)
 
     async def run(self, request: Request) -> AsyncIterator:
-        """Wait for a turn, then yield the generation's chunks as they come.
+        """Wait for a turn, then yield the generation's chunks as they come (and, with
+        ``return_progress``, :class:`~edgespec.core.generation.PromptProgress` items
+        before them).
 
         Raises :class:`ApiError` before the first chunk (queue full, bad prompt).
         The generation runs as a job of :meth:`work`; the turn passes on only
@@ -156,7 +160,7 @@ class Server:
         def job() -> None:
             try:
                 try:
-                    chunks = self.start(request, cancel)
+                    chunks = self.start(request, cancel, put if request.return_progress else None)
                 except ApiError as exc:
                     put(exc)
                     return
