@@ -377,6 +377,40 @@ def test_a_reply_stopped_mid_stream_keeps_what_came(session):
 
 
 @pytest.mark.browser
+def test_a_long_prompt_shows_its_progress_until_the_reply_starts(session):
+    from selenium.webdriver.common.keys import Keys
+    page, served = session["page"], session["served"]
+    new_chat(page)
+    # Every state of the bar the page draws, as it draws it (no polling that could miss one).
+    page.execute_script("""
+        window.bars = [];
+        new MutationObserver(() => {
+          for (const bar of document.querySelectorAll(".prompt-progress progress")) {
+            const label = bar.parentElement.querySelector("span").textContent;
+            const last = window.bars[window.bars.length - 1];
+            if (!last || last.value !== bar.value) window.bars.push({value: bar.value, max: bar.max, label});
+          }
+        }).observe(document.getElementById("messages"), {childList: true, subtree: true});""")
+    code = "\n".join(f"def step_{i}(state):\n    state['n'] += {i}\n    return state" for i in range(60))
+    box = css(page, "#message")[0]
+    page.execute_script("arguments[0].value = arguments[1];", box, f"{code}\nWhat does step_7 do?")
+    box.send_keys(Keys.ENTER)
+    reply = finished_reply(page, None)
+    body, chunks = served.recorder.last()
+    assert body["return_progress"] is True
+    sent = [c["prompt_progress"] for c in chunks if "prompt_progress" in c]
+    total = sent[0]["total"]
+    assert total - sent[0]["cache"] > 1000 and sent[-1]["processed"] == total
+    bars = page.execute_script("return window.bars")
+    assert bars, "no progress bar was drawn"
+    values = [bar["value"] for bar in bars]
+    assert values == sorted(values) and all(bar["max"] == total and bar["value"] < total for bar in bars)
+    assert bars[0]["label"].startswith("Reading the prompt:") and f"of {total:,} tokens" in bars[0]["label"]
+    assert not css(page, ".prompt-progress")  # gone once the reply came
+    assert reply.find_element("css selector", ".body").text
+
+
+@pytest.mark.browser
 def test_regenerate_and_edit_keep_both_versions(session):
     page = session["page"]
     new_chat(page)

@@ -125,6 +125,9 @@ class PromptDisk:
             return None, 0
         found, length, other = None, 0, None
         for entry in self._entries(_model_part(key)):
+            if _model_part(entry.key) != _model_part(key):  # (named as this model's, but is not)
+                self._refuse(entry.path, "it belongs to another model")
+                continue
             n = common_prefix_length(entry.tokens, context)
             if entry.key == key:
                 n = min(n, entry.usable)

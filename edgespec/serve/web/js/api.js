@@ -45,9 +45,11 @@ function post(path, body, signal) {
 
 // A chat reply, streamed: onToken(text, source) for each token as it comes, where
 // source is "copy" or "model" for an accepted draft (the kind of drafter that made
-// it) and "" for the target's own token. Resolves to {finish, timings}.
-export async function streamChat(body, {signal, onToken}) {
-  const response = await post("v1/chat/completions", {...body, stream: true}, signal);
+// it) and "" for the target's own token; onProgress(progress) while the prompt is
+// processed (llama-server's prompt_progress: total, cache, processed, time_ms).
+// Resolves to {finish, timings}.
+export async function streamChat(body, {signal, onToken, onProgress = () => {}}) {
+  const response = await post("v1/chat/completions", {...body, stream: true, return_progress: true}, signal);
   const reader = response.body.getReader();
   const decoder = new TextDecoder();
   const result = {finish: null, timings: null};
@@ -66,6 +68,7 @@ export async function streamChat(body, {signal, onToken}) {
         if (data === "[DONE]") return result;
         const chunk = JSON.parse(data);
         if (chunk.error) throw new ApiError(500, chunk.error.message);
+        if (chunk.prompt_progress) onProgress(chunk.prompt_progress);
         const choice = chunk.choices?.[0];
         const text = choice?.delta?.content;
         if (text) onToken(text, choice.from_draft ? (choice.draft_kind || "draft") : "");

@@ -6,7 +6,7 @@ import {focusSearch, onSearch, renderList} from "./sidebar.js";
 import {recordPlain} from "./stats.js";
 import * as store from "./store.js";
 import * as tree from "./tree.js";
-import {renderConversation, updateStreaming} from "./view.js";
+import {renderConversation, showProgress, updateStreaming} from "./view.js";
 import {initTheme} from "./theme.js";
 
 const $ = id => document.getElementById(id);
@@ -70,8 +70,12 @@ async function reply(conversation, parentId) {
       if (current() === conversation) updateStreaming(message);
     });
   };
+  const onProgress = progress => {
+    showProgress(message, progress);
+    if (current() === conversation) updateStreaming(message);
+  };
   try {
-    const result = await api.streamChat(body, {signal: controller.signal, onToken});
+    const result = await api.streamChat(body, {signal: controller.signal, onToken, onProgress});
     message.timings = result.timings;
     message.finish = result.finish;
     recordPlain(state.model, result.timings);
@@ -80,6 +84,7 @@ async function reply(conversation, parentId) {
     else message.error = error.message;
   } finally {
     cancelAnimationFrame(frame);
+    showProgress(message, null);
     state.streaming = null;
     conversation.updated = Date.now();
     if (state.conversations.has(conversation.id)) await persist(conversation);  // (not if deleted meanwhile)

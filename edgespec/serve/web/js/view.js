@@ -5,6 +5,14 @@ import {button} from "./dom.js";
 import {branch, version} from "./tree.js";
 
 const container = document.getElementById("messages");
+// Prompts with fewer tokens than this left to process show no progress bar.
+const PROGRESS_MIN_TOKENS = 256;
+let progress = null;  // {id, prompt_progress} of the reply whose prompt is being processed
+
+// How far the prompt of the reply being streamed has come (null: done or none).
+export function showProgress(message, prompt) {
+  progress = prompt && message ? {id: message.id, prompt} : null;
+}
 
 // context: {conversation, streamingId, model, actions: {edit, regenerate, switchVersion,
 // measurePlain, copy}}
@@ -67,6 +75,10 @@ function fillBody(body, message) {
     body.textContent = message.content;
   } else {
     render(body, message.content, message.pieces);
+    const p = progress?.id === message.id ? progress.prompt : null;
+    if (p && !message.content && p.processed < p.total && p.total - p.cache >= PROGRESS_MIN_TOKENS) {
+      body.append(progressBar(p));
+    }
     if (message.error) {
       const error = document.createElement("p");
       error.className = "error";
@@ -95,6 +107,22 @@ function editor(article, body, message, actions) {
   box.append(area, buttons);
   body.replaceWith(box);
   area.focus();
+}
+
+// The prompt's processing: a bar, tokens done of the total, and the time left at the rate so far.
+function progressBar(p) {
+  const box = document.createElement("div");
+  box.className = "prompt-progress";
+  const bar = document.createElement("progress");
+  bar.max = p.total;
+  bar.value = p.processed;
+  const label = document.createElement("span");
+  const done = p.processed - p.cache;
+  const left = done > 0 && p.time_ms > 0 ? Math.round((p.total - p.processed) * p.time_ms / done / 1000) : null;
+  label.textContent = `Reading the prompt: ${p.processed.toLocaleString()} of ${p.total.toLocaleString()} tokens` +
+    (p.cache ? ` (${p.cache.toLocaleString()} cached)` : "") + (left !== null ? `, about ${left} s left` : "");
+  box.append(bar, label);
+  return box;
 }
 
 // Redraw a reply being streamed (its text and tints so far).
