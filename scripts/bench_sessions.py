@@ -10,6 +10,9 @@ server, streamed. The servers, in an order that alternates from round to round:
 - ``llama-spec``: llama-server ``--spec-default``;
 - ``llama-ngram``: llama-server ``--spec-type ngram-map-k --cache-reuse 256``.
 
+Every request is greedy (``temperature: 0``; ``--sampled`` sends the bodies as captured,
+where the chats leave the temperature to each server's default and its own samplers).
+
 llama-server is built from the llama.cpp that llama-cpp-python vendors
 (``scripts/llamacpp_reference.py``), and both load the same GGUF file. Per request:
 wall time, time to first token, prompt tokens evaluated and cached (both servers
@@ -102,6 +105,8 @@ def replay(server: str, session: dict, model: Path, args) -> list[dict]:
     try:
         rows, replies = [], []
         for body in session["requests"]:
+            if not args.sampled:  # like for like: greedy on both (a chat client leaves T to the server)
+                body = {**body, "temperature": 0}
             rows.append(send(port, with_replies(body, session["requests"], replies)))
             replies.append(rows[-1].pop("text"))
         return rows
@@ -144,6 +149,10 @@ def main() -> int:
     parser.add_argument("--ctx", type=int, default=8192)
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--edgespec-args", default="", help="more flags for edgespec serve")
+    parser.add_argument("--sampled", action="store_true",
+                        help="send the bodies as captured (the chats sample at each server's default "
+                             "temperature, with its own sampler chain); by default every request is "
+                             "greedy (temperature 0), so both servers are asked the same")
     parser.add_argument("--logs", default=None, help="a folder for the servers' logs")
     parser.add_argument("--json")
     parser.add_argument("--report", nargs="+", metavar="JSON",
@@ -274,6 +283,23 @@ def report(results: dict, servers: list[str], sessions: list[dict]) -> None:
     if ratios:
         print(f"\ngeometric mean, edgespec / best llama-server: {geomean(ratios):.2f}; "
               f"worst session {max(ratios):.2f}")
+    print("\ntime per reply token (decode: wall minus time to first token, over the session's reply "
+          "tokens), ms, mean (min–max over rounds); time to first token over the session, s:")
+    for session in sessions:
+        name = session["session"]
+        if name not in results:
+            continue
+        cells = []
+        for server in servers:
+            runs = results[name].get(server)
+            if not runs:
+                continue
+            per_token = [1000 * sum(r["wall_s"] - r["ttft_s"] for r in rows) /
+                         max(1, sum(r["reply_tokens"] or 0 for r in rows)) for rows in runs]
+            waits = [sum(r["ttft_s"] for r in rows) for rows in runs]
+            cells.append(f"{server} {mean(per_token):.1f} ({min(per_token):.1f}–{max(per_token):.1f}) ms, "
+                         f"first tokens {mean(waits):.1f} s")
+        print(f"  {name}: " + "; ".join(cells))
     if worst:
         worst.sort(reverse=True)
         print("slowest requests, edgespec / the session's best llama-server (mean over rounds): "

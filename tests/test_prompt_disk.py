@@ -360,3 +360,30 @@ def test_bad_folder_and_budget_are_clear_errors(tmp_path):
         PromptDisk(blocker / "sub", 2**20)
     with pytest.raises(edgespec.EdgespecError, match="cache-disk"):
         edgespec.load("whatever.gguf", cache_dir=tmp_path, cache_disk=-1)
+
+
+def test_a_restarted_server_restores_a_conversation_of_its_page(smollm2_path, tmp_path):
+    """The page's conversation (or any client's) after `edgespec serve` is restarted."""
+    import httpx
+    from test_server import RunningServer
+    messages = conversation()
+    engine = load(smollm2_path, tmp_path)
+    running = RunningServer(engine)
+    first = httpx.post(running.url + "/v1/chat/completions",
+                       json={"messages": messages, "max_tokens": 8}, timeout=120).json()
+    running.stop()
+    engine.close()  # (as `edgespec serve` does when it stops)
+    follow = messages + [first["choices"][0]["message"], {"role": "user", "content": "Thanks."}]
+    engine = load(smollm2_path, tmp_path)
+    running = RunningServer(engine)
+    try:
+        reply = httpx.post(running.url + "/v1/chat/completions",
+                           json={"messages": follow, "max_tokens": 8}, timeout=120).json()
+        timings = reply["timings"]
+        assert timings["cache_restored_n"] > 0.9 * reply["usage"]["prompt_tokens"]
+        assert timings["prompt_n"] < 0.1 * reply["usage"]["prompt_tokens"]
+        metrics = httpx.get(running.url + "/metrics").text
+        assert "edgespec:prompt_cache_disk_hits_total 1.0" in metrics
+    finally:
+        running.stop()
+        engine.close()

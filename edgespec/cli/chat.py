@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -238,6 +239,11 @@ def run_chat(args) -> int:
     if args.load:
         session.load(args.load)
     _setup_line_editing()
+    # Stopped from outside (kill, a closed terminal): leave as /quit does, so the engine
+    # closes and the conversation is written to the saved prompts (--cache-dir).
+    for name in ("SIGTERM", "SIGHUP"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), lambda *_: sys.exit(0))
     print(f"edgespec chat — target {engine.target.name}, drafter {engine.drafter_name}, "
           f"k={engine.num_draft}. "
           f"/help for commands, Ctrl-D to quit.", file=out)

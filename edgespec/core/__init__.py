@@ -7,7 +7,8 @@
 - the contracts the engine is written against: :mod:`.backend` (``Backend``: one
   model), :mod:`.draft` (``Draft``, ``Drafter``), :mod:`.planner` (``Planner``,
   ``Planners``, ``FixedPlanner``, one round's drafting);
-- the state: :mod:`.cache` (a KV cache as the token ids it holds), :mod:`.stats`;
+- the state: :mod:`.cache` (a KV cache as the token ids it holds), :mod:`.prompt_cache`
+  and :mod:`.prompt_disk` (saved prompts in RAM and in a folder), :mod:`.stats`;
 - :mod:`.config`: ``PlannerConfig``, the tunables of auto mode (the planner, its cost
   model and the copying drafters), read by the drafters and the planner above;
 - text: :mod:`.chat_template`, :mod:`.prompting`, :mod:`.detokenize`;

@@ -153,8 +153,14 @@ class Metrics:
                 ("misses", "Prompts that found no saved state sharing enough of them.", stats.misses),
                 ("evictions", "Saved states dropped for room.", stats.evictions),
                 ("restored_tokens", "Prompt tokens restored instead of evaluated.",
-                 stats.restored_tokens)):
+                 stats.restored_tokens),
+                ("disk_hits", "Of the hits, states restored from the folder (--cache-dir).", stats.disk_hits),
+                ("disk_writes", "States written to the folder.", stats.disk_writes),
+                ("disk_refused", "Files of the folder that failed a check (removed; evaluated instead).",
+                 stats.disk_refused)):
             yield CounterMetricFamily(f"edgespec:prompt_cache_{name}", text, value=value)
+        yield GaugeMetricFamily("edgespec:prompt_cache_disk_bytes", "Bytes the folder's states take.",
+                                value=stats.disk_bytes)
         yield GaugeMetricFamily("edgespec:prompt_cache_bytes", "Bytes of saved KV states held.",
                                 value=stats.bytes)
         yield GaugeMetricFamily("edgespec:prompt_cache_states", "Saved KV states held.",
