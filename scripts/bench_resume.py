@@ -63,7 +63,7 @@ def conversation(tokenizer, size: int) -> list[dict]:
 def serve_case(model: Path, messages: list[dict], args, folder: Path) -> dict:
     """Answer, stop, start again, follow up (and the follow-up on a fresh server, cold)."""
     body = {"messages": messages, "max_tokens": 16, "temperature": 0}
-    flags = f"--cache-dir {folder} {args.edgespec_args}"
+    flags = f"--cache-dir {folder} --cache-disk 4096 {args.edgespec_args}"  # (start() turns it off)
     port = free_port()
     first = start_timed("edgespec", model, port, args, flags)
     answer = send(port, body)

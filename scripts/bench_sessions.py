@@ -49,8 +49,10 @@ LLAMA_SERVERS = {"llama": [], "llama-spec": ["--spec-default"],
 def start(server: str, model: Path, port: int, args) -> subprocess.Popen:
     """A fresh server on ``port``, ready (its /health answers 200)."""
     if server == "edgespec":
+        # No saved prompts on disk: a replay starts cold, as llama-server does (a flag in
+        # --edgespec-args comes later and wins).
         command = [sys.executable, "-m", "edgespec", "serve", "-m", str(model), "--port", str(port),
-                   "--ctx", str(args.ctx), *args.edgespec_args.split()]
+                   "--ctx", str(args.ctx), "--cache-disk", "0", *args.edgespec_args.split()]
     else:
         command = [str(args.llama_server), "-m", str(model), "--port", str(port), "-c", str(args.ctx),
                    "-t", str(args.threads), "--no-webui", *LLAMA_SERVERS[server]]

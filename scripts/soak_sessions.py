@@ -55,7 +55,7 @@ def main() -> int:
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "edgespec", "serve", "-m", args.model,
                                "--port", str(port), "--ctx", str(args.ctx), "--cache-ram",
-                               str(args.cache_ram)], stderr=subprocess.DEVNULL)
+                               str(args.cache_ram), "--cache-disk", "0"], stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
     try:
         while True:
