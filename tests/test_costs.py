@@ -44,6 +44,25 @@ def test_ratios_survive_a_machine_that_gets_slower_for_both_passes():
     assert cost.v(5) == pytest.approx(calm)
 
 
+def test_a_dear_size_in_the_prior_gives_way_to_what_this_run_timed_surely():
+    """A cached v(16) far dearer than the 8-token passes this run keeps timing (a busy
+    moment when it was cached): drafts of 15 would look unprofitable, never be made, and
+    so never be timed again. A 16-token pass costs at most two 8-token ones."""
+    prior = {"v": {"8": 5.6, "16": 15.0, "32": 17.9, "64": 21.9}}
+    cost = CostModel(prior)
+    feed(cost, {1: 0.1}, times=3)
+    cost.observe_target(8, 0.55)  # one 8-token pass: not yet sure
+    assert cost.v(16) > 13.0  # (the prior, at this run's level)
+    feed(cost, {8: 0.55}, times=TRUSTED_SAMPLES - 1)
+    assert cost.v(16) == pytest.approx(11.0)  # two passes of 8 at 5.5 steps each
+    assert cost.v(12) <= 11.0 and cost.v(9) <= 11.0
+    assert cost.v(8) == pytest.approx(5.5)
+    feed(cost, {16: 0.7}, times=TRUSTED_SAMPLES)  # 16 timed surely: its own measure
+    assert cost.v(16) == pytest.approx(7.0)
+    feed(cost, {64: 1.9}, times=TRUSTED_SAMPLES)  # and a longer pass bounds the ones a tile shorter
+    assert cost.v(32) <= 19.0 and cost.v(60) <= 19.0
+
+
 def test_implausible_values_are_clamped():
     cost = CostModel({"v": {"2": 6.0, "5": 0.5}, "c": {"draft": 6.0}})
     assert cost.v(2) == 2.0            # v(n) <= n

@@ -88,6 +88,7 @@ class CostModel:
         self._step: dict[str, _Samples] = {}
         self._v_table: dict[int, float] | None = None
         self._points: dict[int, float] | None = None  # v(m) at every size known (_known_v)
+        self._sure: dict[int, float] = {}  # v(m) at the sizes timed surely (_sure_v)
         self.tick = 0  # target passes observed: the clock that ages samples
 
     # -- measurements ------------------------------------------------------------------
@@ -163,8 +164,11 @@ class CostModel:
 
     def _estimate_v(self, n: int) -> float:
         if self._points is None:  # once per new sample (not per n)
-            self._points = self._known_v()
+            self._points, self._sure = self._known_v(), self._sure_v()
         points = self._points
+        return min(self._from_points(n, points), self._envelope(n))
+
+    def _from_points(self, n: int, points: dict[int, float]) -> float:
         if n in points:
             # A size timed here or in the prior stands as timed (or scaled to this run's
             # level), within v(n/2) <= v(n) <= n, even below a slightly shorter one:
@@ -179,6 +183,30 @@ class CostModel:
         # does not build a table of a hundred entries).
         floor = self.v(min(n - 1, max(points))) if n > 2 else 1.0
         return _clamp(ratio, floor, float(n))
+
+    def _envelope(self, n: int) -> float:
+        """The most an n-token pass can cost by what this run timed surely
+        (:meth:`_sure_v`): no more than the ⌈n/m⌉ passes of m tokens it could be split
+        into, and no more than a pass longer by a tile of 4 rows or more (within a tile a
+        shorter pass may cost more: repacked kernels). So a belief from the prior that a
+        size is dear, which no run would test again (drafts of that size look unprofitable,
+        so they are not made, so it is not timed), gives way to what this run's passes
+        say; a size timed surely here is its own measure."""
+        sure = self._sure
+        if n in sure or not sure:
+            return float(n)
+        bounds = [-(-n // m) * v for m, v in sure.items() if m < n] + \
+            [v for m, v in sure.items() if m >= n + 4]
+        return max(1.0, min(bounds)) if bounds else float(n)
+
+    def _sure_v(self) -> dict[int, float]:
+        """v(m) at the sizes this run timed at least ``trusted_samples`` times (their own
+        median over the plain step)."""
+        step = self.step_seconds
+        if not step:
+            return {}
+        return {m: _typical(s.values) / step for m, s in self._target.items()
+                if m > 1 and len(s.values) >= self.config.trusted_samples}
 
     def _known_v(self) -> dict[int, float]:
         """v at every size known: what this run timed (:meth:`_timed_v`), and the
