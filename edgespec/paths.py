@@ -6,6 +6,7 @@ May import: nothing of edgespec.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -38,26 +39,40 @@ def file_fingerprint(path: str | Path, name: str | None = None) -> str:
     return h.hexdigest()[:16]
 
 
-# How many evenly spaced pieces of a model's bytes its identity reads, and their size.
-_SAMPLES, _SAMPLE_BYTES = 32, 1 << 16
-
-
 def model_identity(path: str | Path) -> str:
-    """What tells a model's weights from every other's, wherever the file lies: a hash
-    of its size, its first MiB (a GGUF's metadata and tensor table) and 32 pieces of
-    64 KiB spread over the rest (the weights themselves, so two fine-tunes of one
-    architecture and quantization differ); for a folder (an mlx-lm model), the same
-    over each file, in name order. Its path is not part of it: a model moved or copied
-    keeps its identity. About 3 MiB read per file."""
+    """What tells a model's weights from every other's, wherever the file lies: a SHA-256
+    of all its bytes (for a folder, an mlx-lm model, of each file's name and bytes in
+    name order). Its path is not part of it: a model moved or copied keeps its identity.
+    Hashing reads the whole model once (about a second per GB); the result is kept in
+    ``$EDGESPEC_HOME/identities.json`` under the file's device, inode, size and
+    modification time, so a model changed in place is hashed again."""
     path = Path(str(path)).expanduser()
-    h = hashlib.sha256()
     files = sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
+    stamps = "|".join(f"{f.name}:{s.st_dev}:{s.st_ino}:{s.st_size}:{s.st_mtime_ns}"
+                      for f in files for s in [f.stat()])
+    store = edgespec_home() / "identities.json"
+    try:
+        known = json.loads(store.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if not isinstance(known, dict):
+        known = {}
+    if isinstance(known.get(stamps), str):
+        return known[stamps]
+    h = hashlib.sha256()
     for file in files:
-        size = file.stat().st_size
-        h.update(f"{file.name if path.is_dir() else ''}|{size}|".encode())
+        if path.is_dir():
+            h.update(f"{file.name}|".encode())
         with open(file, "rb") as f:
-            h.update(f.read(1 << 20))
-            for i in range(1, _SAMPLES + 1):
-                f.seek(size * i // (_SAMPLES + 1))
-                h.update(f.read(_SAMPLE_BYTES))
-    return h.hexdigest()[:32]
+            while chunk := f.read(1 << 22):
+                h.update(chunk)
+    identity = h.hexdigest()[:32]
+    known[stamps] = identity
+    try:  # (written whole; two processes at once lose at most an entry, hashed again later)
+        store.parent.mkdir(parents=True, exist_ok=True)
+        tmp = store.with_name(f".{store.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(dict(list(known.items())[-256:])))
+        os.replace(tmp, store)
+    except OSError:
+        pass
+    return identity

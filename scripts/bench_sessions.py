@@ -306,6 +306,11 @@ def report(results: dict, servers: list[str], sessions: list[dict]) -> None:
         worst.sort(reverse=True)
         print("slowest requests, edgespec / the session's best llama-server (mean over rounds): "
               + ", ".join(f"{n} #{i} {r:.2f} vs {b}" for r, n, i, b in worst[:5]))
+    back = [(r, n, i, b) for r, n, i, b in worst
+            if i - 1 in follow_ups(next(s for s in sessions if s["session"] == n))]
+    if back:
+        print("follow-ups after another conversation's request, edgespec / the session's best "
+              "llama-server (mean over rounds): " + ", ".join(f"{n} #{i} {r:.2f} vs {b}" for r, n, i, b in back))
     if follow:
         print("\nfollow-ups (back to a conversation after another's request), prompt evaluated / total:")
         for server in servers:

@@ -113,7 +113,7 @@ def test_a_state_of_another_model_or_context_is_refused(tiny_gguf_pair, smollm2_
     entry, _ = shared.best(a.key, list(range(1, 9)))
     assert shared.best(b.key, list(range(1, 9))) == (None, 0)
     with pytest.raises(EdgespecError, match="another model or context size"):
-        b._restore(entry)
+        b._restore(entry, entry.state)
 
 
 def test_a_zero_budget_saves_nothing(tiny_gguf_pair):

@@ -353,6 +353,25 @@ def test_the_least_recently_used_file_goes_first(tmp_path):
     assert [len(e.tokens) for e in disk._entries("m") if e.tokens[0] == 1] == [120]
 
 
+def test_a_file_gone_since_it_was_listed_is_a_miss_that_keeps_the_cache(tiny_gguf_pair, tmp_path):
+    target, _ = tiny_gguf_pair
+    shared = PromptCache(0, min_tokens=4, disk=PromptDisk(tmp_path, 2**30))
+    first = [1, 4, 9, 3, 12, 7, 2, 8] * 4
+    writer = CachedModel(LlamaCppBackend(target, n_ctx=256), shared)
+    writer.forward(first)
+    assert writer.keep() and len(files(tmp_path)) == 1
+    cache = CachedModel(LlamaCppBackend(target, n_ctx=256), shared)
+    cache.forward(first[:8] + [5] * 8)
+    real_read = shared.disk.read
+
+    def removed_meanwhile(entry):  # another process evicts it between the listing and the read
+        entry.path.unlink()
+        return real_read(entry)
+    shared.disk.read = removed_meanwhile
+    assert cache.reuse(first + [3]) == (8, 0)  # the 8 tokens it held are kept, nothing restored
+    assert cache.tokens == first[:8] and cache.backend.n_past == 8
+
+
 def test_bad_folder_and_budget_are_clear_errors(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")

@@ -10,6 +10,7 @@ own model and context.
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import os
 from typing import Sequence
 
@@ -90,11 +91,12 @@ class LlamaCppBackend(TokenizerMethods, BackendFacts, HostVerify):
         self.bit_exact = self.not_exact is None
         self.exact_prefill = self.bit_exact and prefill_invariant(self)
         import llama_cpp
+        system = hashlib.sha256(llama.llama_print_system_info()).hexdigest()[:12]
         self.state_key = "|".join([
             model_identity(path), f"llama.cpp {llama_cpp.__version__}", f"ctx={self.n_ctx}",
             f"batch={self.n_batch}", f"kv={kv_cache_type}", f"flash_attn={flash_attn}",
-            f"kernels={self.kernels}:{self.exact_chunk}", f"gpu_layers={n_gpu_layers}",
-            f"rpc={','.join(self.rpc) or 'none'}"])
+            f"kernels={self.kernels}:{self.exact_chunk}:{int(self.exact_prefill)}",
+            f"gpu_layers={n_gpu_layers}", f"rpc={','.join(self.rpc) or 'none'}", f"system={system}"])
 
     # -- evaluation ---------------------------------------------------------------
 

@@ -107,7 +107,8 @@ class MlxBackend(TokenizerMethods, BackendFacts):
         if path is not None:
             from ..paths import model_identity
             self.state_key = "|".join([model_identity(path), f"mlx {mx.__version__}", f"ctx={n_ctx}",
-                                       f"kernels={kernel_mode(kernels)}:{self.exact_chunk}"])
+                                       f"kernels={kernel_mode(kernels)}:{self.exact_chunk}:"
+                                       f"{int(self.exact_prefill)}", f"device={mx.default_device()}"])
 
     @property
     def n_past(self) -> int:

@@ -273,6 +273,9 @@ def run_chat(args) -> int:
                 print(f"error: {type(exc).__name__}: {exc} (the conversation is kept; "
                       f"/save it and please report this)", file=out)
     finally:
+        for name in ("SIGTERM", "SIGHUP"):  # (a second signal must not cut the saving short)
+            if hasattr(signal, name):
+                signal.signal(getattr(signal, name), signal.SIG_IGN)
         engine.close()
     return 0
 

@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from ..core.prompt_disk import default_budget_mib as disk_budget_mib
 from ..core.prompt_disk import default_folder
 from ..errors import EdgespecError
 from ..drafters import registry
@@ -168,9 +169,25 @@ def build_engine(args, *, fetch: bool = False, disk: bool = True):
                 draft_n_threads=args.threads_draft, draft_n_gpu_layers=args.n_gpu_layers_draft,
                 mlx_quantize=o.mlx_quantize, fetch=fetch, rpc=args.rpc, draft_rpc=args.rpc_draft,
                 kernels=o.kernels, cache_ram=args.cache_ram,
-                cache_reuse=args.cache_reuse,
-                cache_dir=(args.cache_dir or default_folder()) if disk else None,
+                cache_reuse=args.cache_reuse, cache_dir=_cache_dir(args) if disk else None,
                 cache_disk=args.cache_disk)
+
+
+def _cache_dir(args) -> str | None:
+    """``--cache-dir``, else the default folder where it can be made (else none, and why)."""
+    if args.cache_dir is not None or args.cache_disk == 0 or (args.cache_disk is None and disk_budget_mib() == 0):
+        return args.cache_dir or default_folder()
+    folder = default_folder()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if os.access(folder, os.W_OK):
+            return str(folder)
+        reason = "not writable"
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+    print(f"(saved prompts stay in RAM only: {folder} cannot be used ({reason}); "
+          f"give --cache-dir DIR)", file=sys.stderr)
+    return None
 
 
 def writable(path: str, flag: str) -> str:

@@ -141,12 +141,15 @@ class CachedModel:
         saved, restored = self.prompt_cache, 0
         if saved is not None and saved.enabled and (
                 len(context) - common >= saved.min_tokens or len(self.tokens) - common >= saved.min_tokens):
-            entry, matched = saved.best(self.key, context)
-            matched = self._whole(matched)
             if len(self.tokens) - common >= saved.min_tokens:
                 self.keep()  # (before the state is replaced or trimmed)
-            if entry is not None and matched >= common + saved.min_tokens:
-                if self._restore(entry):
+            entry, matched = saved.best(self.key, context)
+            matched = self._whole(matched)
+            # A file is read (and checked) first: one that fails leaves the cache as it is.
+            state = None if entry is None or matched < common + saved.min_tokens else \
+                saved.read(entry) if isinstance(entry, DiskEntry) else entry.state
+            if state is not None:
+                if self._restore(entry, state):
                     common = restored = matched
                     saved.looked_up(entry, matched)
                 else:
@@ -170,9 +173,9 @@ class CachedModel:
         last token too: once with what was cached, after each pass, and at the end).
         Returns ``(tokens evaluated, tokens restored from saved prompts)``, or None if
         cancelled."""
-        start, total = clock(), len(prompt) + 1
+        total = len(prompt) + 1
         done, restored = self.reuse(prompt, cached=cached)
-        kept, evaluated = done, 0
+        start, kept, evaluated = clock(), done, 0  # (the rate is the evaluation's, a restore's time apart)
         while True:
             if progress is not None:
                 progress(PromptProgress(total, kept, done, clock() - start))
@@ -228,24 +231,23 @@ class CachedModel:
         return state is not None and saved.save(self.key, self.tokens, state, state.nbytes,
                                                 usable=usable, dump=dump)
 
-    def _restore(self, entry) -> bool:
-        """Put ``entry``'s state in the backend (from RAM or read from the folder, where
-        it is checked first); False (the cache emptied) if it fails a check or the
-        backend refuses it."""
+    def _restore(self, entry, state) -> bool:
+        """Put ``state`` (``entry``'s: from RAM, or read from the folder and checked) in
+        the backend; False (the cache emptied) if the backend refuses it or then holds
+        another number of tokens than the entry says."""
         key = entry.key if isinstance(entry, DiskEntry) else entry.model
         if key != self.key:
             raise EdgespecError(f"a saved state of {key.split('|')[0]} cannot be restored "
                                 f"into {self.backend.name}: it is another model or context size")
-        state = self.prompt_cache.read(entry) if isinstance(entry, DiskEntry) else entry.state
         try:
-            if state is None:  # (the file failed a check: said, and removed)
-                raise EdgespecError("refused")
             self.backend.load_state(state)
+            if self.backend.n_past != len(entry.tokens):
+                raise EdgespecError(f"it holds {self.backend.n_past} positions, not {len(entry.tokens)}")
         except EdgespecError as exc:
-            if isinstance(entry, DiskEntry) and state is not None:
+            if isinstance(entry, DiskEntry):
                 log.warning("%s refused the saved prompt state %s (%s): removed; the prompt is "
                             "evaluated instead", self.backend.name, entry.path.name, exc)
-                self.prompt_cache.disk.remove(entry)
+                self.prompt_cache.forget(entry)
             self.rewind(0)
             return False
         except BaseException:  # interrupted mid-copy: whatever is there is unknown

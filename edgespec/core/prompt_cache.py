@@ -31,7 +31,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .prefix import common_prefix_length
-from .prompt_disk import DiskEntry, PromptDisk
+from .prompt_disk import DiskEntry, PromptDisk, log
 
 __all__ = ["PromptCache", "PromptCacheStats", "SavedPrompt", "common_prefix_length", "default_budget_mib"]
 
@@ -115,7 +115,8 @@ class PromptCache:
         self.disk = disk if disk is not None and disk.enabled else None
         self._saved: list[SavedPrompt] = []
         self._clock = 0
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the RAM entries and counters
+        self._disk_lock = threading.Lock()  # the folder's calls (never held with the other)
         self._stats = PromptCacheStats()
 
     @property
@@ -143,15 +144,26 @@ class PromptCache:
                     n = min(common_prefix_length(entry.tokens, context), entry.usable)
                     if n > length:
                         found, length = entry, n
-            if self.disk is not None:
+        if self.disk is not None:
+            with self._disk_lock:
                 on_disk, n = self.disk.best(model, context, min_tokens=max(length + 1, self.min_tokens))
-                if on_disk is not None:
-                    found, length = on_disk, n
-            return found, length
+            if on_disk is not None:
+                found, length = on_disk, n
+        return found, length
 
     def read(self, entry: DiskEntry) -> np.ndarray | None:
-        """A state from the folder, checked (None: it failed a check, and was removed)."""
-        return self.disk.read(entry) if self.disk is not None else None
+        """A state from the folder, checked (None: it failed a check and was removed, or
+        another process removed it)."""
+        if self.disk is None:
+            return None
+        with self._disk_lock:
+            return self.disk.read(entry)
+
+    def forget(self, entry: DiskEntry) -> None:
+        """Remove a file whose state the backend refused."""
+        if self.disk is not None:
+            with self._disk_lock:
+                self.disk.remove(entry)
 
     def looked_up(self, entry: SavedPrompt | DiskEntry | None, restored_tokens: int = 0) -> None:
         """Count a lookup: ``entry`` was restored (a hit), or None was (a miss)."""
@@ -184,9 +196,9 @@ class PromptCache:
         False if it is kept nowhere."""
         entry = SavedPrompt(model, list(tokens), state, int(nbytes), 0,
                             len(tokens) if usable is None else usable, dump)
+        if nbytes > self.budget:
+            return self._spill([entry]) > 0
         with self._lock:
-            if nbytes > self.budget:
-                return self._spill([entry]) > 0
             # A state this one extends is superseded: the same conversation, shorter.
             self._saved = [e for e in self._saved if not (
                 e.model == model and len(e.tokens) <= len(entry.tokens) and e.usable <= entry.usable
@@ -202,8 +214,8 @@ class PromptCache:
             entry.used = self._clock
             self._saved.append(entry)
             self._stats.saves += 1
-            self._spill(evicted)
-            return True
+        self._spill(evicted)  # (outside the lock: /metrics reads the counters meanwhile)
+        return True
 
     def flush(self, live: Sequence = ()) -> int:
         """With a folder: save what the ``live`` caches hold (``CachedModel``s: the
@@ -215,17 +227,27 @@ class PromptCache:
         for cache in live:
             cache.keep()
         with self._lock:
-            return self._spill(sorted(self._saved, key=lambda e: e.used))
+            held = sorted(self._saved, key=lambda e: e.used)
+        return self._spill(held)
 
     def _spill(self, entries: list[SavedPrompt]) -> int:
-        """(Under the lock.) Write ``entries`` to the folder; how many were written."""
+        """Write ``entries`` to the folder (a state that cannot be made bytes, say for
+        want of memory, is left out with a warning); how many were written."""
         written = 0
         for entry in entries:
             if self.disk is None or entry.dump is None or entry.on_disk:
                 continue
-            entry.on_disk = self.disk.write(entry.model, entry.tokens, entry.usable, entry.dump(entry.state))
+            try:
+                state = entry.dump(entry.state)
+            except Exception as exc:  # noqa: BLE001 - a state not kept is a cold prefill later, not a failure now
+                log.warning("a saved prompt state could not be written to the folder (%s: %s)",
+                            type(exc).__name__, exc)
+                continue
+            with self._disk_lock:
+                entry.on_disk = self.disk.write(entry.model, entry.tokens, entry.usable, state)
             written += entry.on_disk
-        self._stats.disk_writes += written
+        with self._lock:
+            self._stats.disk_writes += written
         return written
 
     def clear(self) -> None:

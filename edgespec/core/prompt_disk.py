@@ -35,6 +35,7 @@ import json
 import logging
 import os
 import struct
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -143,22 +144,27 @@ class PromptDisk:
 
     def read(self, entry: DiskEntry) -> np.ndarray | None:
         """The state of ``entry``, checked (None, with a warning, if it fails a check:
-        the file is removed). Touches the file: it was used."""
+        the file is removed; None, silently, if another process removed or replaced it
+        since it was listed). Touches the file: it was used."""
         try:
             with open(entry.path, "rb") as f:
                 header, offset = _read_header(f)
                 if header.get("key") != entry.key:
                     return self._refuse(entry.path, "it belongs to another model or settings")
+                if header["tokens"] != entry.tokens or header["usable"] != entry.usable:
+                    return None  # (replaced meanwhile by another process's write: a miss)
                 nbytes = int(header["state_bytes"])
-                data = bytearray(nbytes)
-                if f.readinto(data) != nbytes or f.read(1):
+                if nbytes != os.fstat(f.fileno()).st_size - offset:  # (before allocating it)
                     return self._refuse(entry.path, "its length is not the one its header gives: truncated")
+                data = bytearray(nbytes)
+                if f.readinto(data) != nbytes:
+                    return self._refuse(entry.path, "its length is not the one its header gives: truncated")
+            if _digest(header["key"], header["tokens"], header["usable"], data) != header.get("sha256"):
+                return self._refuse(entry.path, "its hash does not match: a damaged byte")
         except FileNotFoundError:
             return None  # another process evicted it meanwhile: a miss
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, OverflowError) as exc:
             return self._refuse(entry.path, f"unreadable: {exc}")
-        if _digest(header["key"], header["tokens"], header["usable"], data) != header.get("sha256"):
-            return self._refuse(entry.path, "its hash does not match: a damaged byte")
         with contextlib.suppress(OSError):
             os.utime(entry.path)
         self.hits += 1
@@ -196,11 +202,12 @@ class PromptDisk:
         part = self.folder / f".{name}.{os.getpid()}.{os.urandom(4).hex()}{PARTIAL}"
         try:
             with open(part, "wb") as f:
+                if fcntl is not None:  # held while it is written: a part file nobody holds is a dead writer's
+                    fcntl.flock(f, fcntl.LOCK_EX)
                 f.write(MAGIC + struct.pack("<I", len(header)) + header)
                 f.write(memoryview(state))
-            with self._locked():
-                os.replace(part, self.folder / name)
-                self._evict(keep=name, key=key, tokens=tokens)
+                with self._locked():
+                    os.replace(part, self.folder / name)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 part.unlink()
@@ -208,6 +215,12 @@ class PromptDisk:
                             f"({exc.strerror or exc}): it is evaluated again after a restart")
             return False
         self.writes += 1
+        try:
+            with self._locked():
+                self._evict(keep=name, key=key, tokens=tokens, usable=usable)
+        except OSError as exc:  # (the state is written; the folder may stay over budget until the next write)
+            self._warn_once("evict", f"could not remove old prompt states in {self.folder} "
+                            f"({exc.strerror or exc})")
         return True
 
     def remove(self, entry: DiskEntry) -> None:
@@ -229,6 +242,8 @@ class PromptDisk:
             names = [n for n in os.listdir(self.folder) if n.startswith(prefix) and n.endswith(SUFFIX)]
         except OSError:
             return
+        for gone in [n for n in self._headers if n.startswith(prefix) and n not in names]:
+            del self._headers[gone]  # (removed by another process)
         for name in names:
             path = self.folder / name
             try:
@@ -248,27 +263,32 @@ class PromptDisk:
                 self._refuse(path, f"unreadable header: {exc}")
 
     def _files(self, *, with_partial: bool = False) -> list[tuple[float, int, Path]]:
-        """(last used, bytes, path) of every state file (and writes in progress)."""
+        """(last used, bytes, path) of every state file (and writes in progress); none
+        where the folder cannot be read."""
         found = []
-        for name in os.listdir(self.folder):
+        try:
+            names = os.listdir(self.folder)
+        except OSError:
+            return found
+        for name in names:
             if name.endswith(SUFFIX) or (with_partial and name.endswith(PARTIAL)):
                 path = self.folder / name
-                with contextlib.suppress(FileNotFoundError):
+                with contextlib.suppress(OSError):
                     stat = path.stat()
                     found.append((stat.st_mtime, stat.st_size, path))
         return found
 
-    def _evict(self, *, keep: str, key: str, tokens: list[int]) -> None:
+    def _evict(self, *, keep: str, key: str, tokens: list[int], usable: int) -> None:
         """(Under the lock.) Remove what a process killed mid-write left, the files of
         this conversation that ``keep`` extends, then the least recently used until the
         folder is within the budget."""
         for _, _, path in self._files(with_partial=True):
-            if path.name.endswith(PARTIAL) and not _writer_alive(path.name):
+            if path.name.endswith(PARTIAL) and _abandoned(path):
                 with contextlib.suppress(OSError):
                     path.unlink()
         for entry in list(self._entries(_model_part(key))):
             if entry.path.name != keep and entry.key == key and len(entry.tokens) <= len(tokens) \
-                    and common_prefix_length(entry.tokens, tokens) == len(entry.tokens):
+                    and entry.usable <= usable and common_prefix_length(entry.tokens, tokens) == len(entry.tokens):
                 self.remove(entry)
         files = sorted(self._files(with_partial=True))
         held = sum(size for _, size, _ in files)
@@ -277,8 +297,12 @@ class PromptDisk:
                 break
             if path.name == keep or path.name.endswith(PARTIAL):
                 continue  # (the newest, and another process's write in progress)
-            with contextlib.suppress(OSError):
+            try:
                 path.unlink()
+            except FileNotFoundError:
+                pass  # (removed by another process: its bytes are gone too)
+            except OSError:
+                continue
             self._headers.pop(path.name, None)
             held -= size
 
@@ -350,18 +374,18 @@ def _difference(saved: str, wanted: str) -> str:
     return ", ".join(f"{a} there, {b} here" for a, b in pairs) or "another build"
 
 
-def _writer_alive(name: str) -> bool:
-    """Whether the process writing a ``.part`` file (its pid is in the name) still runs."""
+def _abandoned(path: Path) -> bool:
+    """Whether a ``.part`` file is a dead writer's: nobody holds its lock (a writer holds
+    it until its rename); without flock (Windows), once it is an hour old."""
     try:
-        pid = int(name.rsplit(".", 3)[-3])
-    except (ValueError, IndexError):
+        if fcntl is None:
+            return time.time() - path.stat().st_mtime > 3600
+        with open(path, "rb") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            fcntl.flock(f, fcntl.LOCK_UN)
+            return True
+    except OSError:
         return False
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # another user's process: alive
-        return True
-    return True
