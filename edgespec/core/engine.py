@@ -39,7 +39,6 @@ from .generation import Chunk, Committed, Generation, PromptProgress, Run, colle
 from .planner import (DraftingRound, FixedPlanners, Planner, Planners, RoundResult, check_num_draft,
                       draft_round)
 from .prompt_cache import PromptCache
-from .prompt_disk import log
 from .prompting import chat_prompt_ids, prompt_ids
 from .sampling import SamplingParams, Scratch, make_rng
 from .shaping import Shaping, token_logprobs
@@ -261,12 +260,9 @@ class Engine:
         self._closed = True  # from here on nothing new starts
         self.cancel()
         with self._models:  # a pass in flight ends first; then no run touches a model again
-            try:
-                if self.prompt_cache is not None:
-                    self.prompt_cache.flush([self.target_cache] + [d.cache for d in self.active_drafters()
-                                                                   if isinstance(d.cache, CachedModel)])
-            except Exception as exc:  # noqa: BLE001 - saved prompts are a speed-up: the models are freed anyway
-                log.warning("the saved prompts could not be written (%s: %s)", type(exc).__name__, exc)
+            if self.prompt_cache is not None:  # (never raises: the models are freed anyway)
+                self.prompt_cache.flush([self.target_cache] + [d.cache for d in self.active_drafters()
+                                                               if isinstance(d.cache, CachedModel)])
             for planner in {id(p): p for p in self._own}.values():
                 planner.close()
             self.planners.close()

@@ -221,14 +221,19 @@ class PromptCache:
         """With a folder: save what the ``live`` caches hold (``CachedModel``s: the
         conversations in the models), then write every state held in RAM that is not in
         the folder yet (the least recently used first, so the folder's order is RAM's);
-        how many were written. The engine calls this when it closes."""
+        how many were written. The engine calls this when it closes; it never raises (a
+        state not written is a warning: saved prompts are a speed-up)."""
         if self.disk is None:
             return 0
-        for cache in live:
-            cache.keep()
-        with self._lock:
-            held = sorted(self._saved, key=lambda e: e.used)
-        return self._spill(held)
+        try:
+            for cache in live:
+                cache.keep()
+            with self._lock:
+                held = sorted(self._saved, key=lambda e: e.used)
+            return self._spill(held)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("the saved prompts could not be written (%s: %s)", type(exc).__name__, exc)
+            return 0
 
     def _spill(self, entries: list[SavedPrompt]) -> int:
         """Write ``entries`` to the folder (a state that cannot be made bytes, say for
