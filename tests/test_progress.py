@@ -46,7 +46,7 @@ def check_progress(events: list[dict], total: int) -> None:
 
 
 def test_the_api_reports_each_pass_and_a_cancel_there_stops_the_prompt(engine):
-    ids = chat_prompt_ids(engine.target, conversation(turns=4, functions=60))
+    ids = chat_prompt_ids(engine.target, conversation(turns=4, functions=30))
     engine.target_cache.rewind(0)
     seen = []
     reply = engine.generate(ids, GREEDY, max_tokens=4,
@@ -73,7 +73,7 @@ def sse(response) -> list[dict]:
 
 def test_return_progress_streams_prompt_progress_on_every_route(engine):
     running = RunningServer(engine)
-    messages = conversation(turns=4, functions=60)
+    messages = conversation(turns=4, functions=30)
     total = len(chat_prompt_ids(engine.target, messages))
     try:
         engine.target_cache.rewind(0)
@@ -81,7 +81,7 @@ def test_return_progress_streams_prompt_progress_on_every_route(engine):
         events = sse(httpx.post(running.url + "/v1/chat/completions", json=body, timeout=120))
         progress = [e["prompt_progress"] for e in events if "prompt_progress" in e]
         check_progress(progress, total)
-        assert progress[0]["cache"] == 0 and len(progress) >= 3
+        assert progress[0]["cache"] == 0 and len(progress) >= 4  # start, a pass of 512, the rest, the end
         for event in events:
             if "prompt_progress" in event:  # llama-server's: an empty assistant delta
                 assert event["choices"][0]["delta"] == {"role": "assistant", "content": None}
@@ -129,7 +129,7 @@ def chat(smollm2_path, folder):
 
 def test_chat_shows_progress_and_a_loaded_conversation_is_restored_after_a_restart(smollm2_path, tmp_path):
     transcript = tmp_path / "chat.json"
-    transcript.write_text(json.dumps({"version": 1, "system": None, "messages": conversation(turns=4, functions=60)}))
+    transcript.write_text(json.dumps({"version": 1, "system": None, "messages": conversation(turns=4, functions=30)}))
     folder = tmp_path / "saved"
 
     child = chat(smollm2_path, folder)
@@ -138,7 +138,7 @@ def test_chat_shows_progress_and_a_loaded_conversation_is_restored_after_a_resta
     child.sendline("Thanks!")
     child.expect(r"\(prompt: ([\d,]+) of ([\d,]+) tokens")  # the progress line
     total = int(child.match.group(2).replace(",", ""))
-    assert total > 2 * PREFILL_CHUNK
+    assert total > PREFILL_CHUNK + 64
     child.expect(r"\(prompt: ([\d,]+) of [\d,]+ tokens, about \d+ s left\)")  # after a pass: the time left
     child.expect(STATS)
     assert int(child.match.group(2)) == int(child.match.group(3)) == total  # all of it evaluated

@@ -177,26 +177,56 @@ def test_mlx_saves_and_restores_through_the_folder(tmp_path):
 
 
 # -- faults: each a cold prefill and a warning -----------------------------------------
+# On tiny random GGUF models (a target and another model of its shape), prompts of ids.
 
-def follow_up_in_a_new_engine(path, folder, follow, caplog, **options):
-    """The follow-up in an engine on ``folder``: its stats, and the warnings logged."""
+PROMPT = [int(t) for t in np.random.default_rng(5).integers(3, 16, 400)]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """Two tiny models of one shape (their states fit each other's llama.cpp), whose
+    context holds long prompts."""
+    from ggufs import perturbed, tiny_llama_weights, write_tiny_llama_gguf
+    folder = tmp_path_factory.mktemp("tiny-disk")
+    weights = tiny_llama_weights(seed=6, eos_logit_scale=0.05)
+    return (write_tiny_llama_gguf(folder / "a.gguf", weights, context_length=2048),
+            write_tiny_llama_gguf(folder / "b.gguf", perturbed(weights, scale=0.3, seed=7),
+                                  context_length=2048))
+
+
+def tiny_engine(path, folder, *, n_ctx=1024, cache_disk=64):
+    return edgespec.load(str(path), draft="lookup", num_draft=4, n_ctx=n_ctx, cache_dir=folder,
+                         cache_disk=cache_disk)
+
+
+def answered(path, folder, **options) -> list[int]:
+    """PROMPT answered by an engine that then closes (writing its state); returns the
+    follow-up's ids: PROMPT, the answer, more."""
+    engine = tiny_engine(path, folder, **options)
+    reply = engine.generate(PROMPT, GREEDY, max_tokens=8)
+    engine.close()
+    return PROMPT + reply.token_ids + [4, 5, 6]
+
+
+def follow_up(path, folder, ids, caplog, **options):
+    """The follow-up in a new engine on ``folder``: its result, and the warnings logged."""
     caplog.clear()
-    engine = load(path, folder, **options)
+    engine = tiny_engine(path, folder, **options)
     with caplog.at_level(logging.WARNING, logger="edgespec.cache"):
-        reply = engine.chat(follow, stream=False, params=GREEDY, max_tokens=8)
+        reply = engine.generate(ids, GREEDY, max_tokens=8)
     engine.close()
     return reply, [r.getMessage() for r in caplog.records if r.name == "edgespec.cache"]
 
 
 @pytest.fixture(scope="module")
-def saved(smollm2_path, tmp_path_factory):
+def saved(tiny, tmp_path_factory):
     """A folder holding one conversation's state, the follow-up to it, and its cold reply."""
     folder = tmp_path_factory.mktemp("saved")
-    follow = first_turn(smollm2_path, folder, conversation())
-    cold = edgespec.load(str(smollm2_path), draft="lookup", num_draft=4, n_ctx=2048)
-    reply = cold.chat(follow, stream=False, params=GREEDY, max_tokens=8)
-    cold.close()
-    return folder, follow, reply
+    ids = answered(tiny[0], folder)
+    engine = edgespec.load(str(tiny[0]), draft="lookup", num_draft=4, n_ctx=1024)
+    cold = engine.generate(ids, GREEDY, max_tokens=8)
+    engine.close()
+    return folder, ids, cold
 
 
 def damaged_copy(saved, tmp_path, damage) -> Path:
@@ -211,7 +241,7 @@ def damaged_copy(saved, tmp_path, damage) -> Path:
 
 def truncate(path: Path) -> None:
     with open(path, "r+b") as f:
-        f.truncate(path.stat().st_size - 1000)
+        f.truncate(path.stat().st_size - 100)
 
 
 def flip_a_byte(path: Path) -> None:
@@ -220,61 +250,68 @@ def flip_a_byte(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
+def test_the_saved_state_restores_when_nothing_is_wrong(tiny, saved, tmp_path, caplog):
+    folder = damaged_copy(saved, tmp_path, lambda p: None)
+    reply, warnings = follow_up(tiny[0], folder, saved[1], caplog)
+    assert reply.stats.prompt_restored_tokens > 0.9 * len(saved[1]) and not warnings
+    assert reply.token_ids == saved[2].token_ids
+
+
 @pytest.mark.parametrize("damage, why", [(truncate, "truncated"), (flip_a_byte, "hash")])
-def test_a_damaged_file_is_refused_and_removed(smollm2_path, saved, tmp_path, caplog, damage, why):
+def test_a_damaged_file_is_refused_and_removed(tiny, saved, tmp_path, caplog, damage, why):
     folder = damaged_copy(saved, tmp_path, damage)
-    reply, warnings = follow_up_in_a_new_engine(smollm2_path, folder, saved[1], caplog)
+    reply, warnings = follow_up(tiny[0], folder, saved[1], caplog)
     assert reply.stats.prompt_restored_tokens == 0  # a cold prefill
     assert reply.token_ids == saved[2].token_ids
     assert any("refused" in w and why in w for w in warnings), warnings
     assert not (folder / files(saved[0])[0].name).exists()  # the damaged file is gone
 
 
-def test_another_models_file_is_refused(smollm2_path, smollm2_q2k_path, saved, tmp_path, caplog):
-    """The Q4_1 model's state, renamed as the Q2_K model's would be named."""
+def test_another_models_file_is_refused(tiny, saved, tmp_path, caplog):
+    """Model a's state, renamed as model b's (same shape: llama.cpp would take it) would be."""
     from edgespec.core.prompt_disk import _hash
     from edgespec.paths import model_identity
     folder = damaged_copy(saved, tmp_path, lambda p: None)
     source = files(folder)[0]
-    renamed = folder / (_hash(model_identity(smollm2_q2k_path))[:12] + source.name[12:])
+    renamed = folder / (_hash(model_identity(tiny[1]))[:12] + source.name[12:])
     source.rename(renamed)
-    reply, warnings = follow_up_in_a_new_engine(smollm2_q2k_path, folder, saved[1], caplog)
+    reply, warnings = follow_up(tiny[1], folder, saved[1], caplog)
     assert reply.stats.prompt_restored_tokens == 0
     assert any("another model" in w for w in warnings), warnings
     assert not renamed.exists()
 
 
-def test_a_state_of_another_context_size_is_not_used(smollm2_path, saved, tmp_path, caplog):
+def test_a_state_of_another_context_size_is_not_used(tiny, saved, tmp_path, caplog):
     folder = damaged_copy(saved, tmp_path, lambda p: None)
-    caplog.clear()
-    engine = edgespec.load(str(smollm2_path), draft="lookup", num_draft=4, n_ctx=4096,
-                           cache_dir=folder, cache_disk=512)
-    with caplog.at_level(logging.WARNING, logger="edgespec.cache"):
-        reply = engine.chat(saved[1], stream=False, params=GREEDY, max_tokens=8)
-    engine.close()
+    reply, warnings = follow_up(tiny[0], folder, saved[1], caplog, n_ctx=2048)
     assert reply.stats.prompt_restored_tokens == 0
-    warnings = [r.getMessage() for r in caplog.records if r.name == "edgespec.cache"]
-    assert any("ctx=2048 there, ctx=4096 here" in w for w in warnings), warnings
+    assert any("ctx=1024 there, ctx=2048 here" in w for w in warnings), warnings
+    assert reply.token_ids == saved[2].token_ids
 
 
-def test_a_budget_too_small_keeps_nothing_and_says_so(smollm2_path, tmp_path, caplog):
+def test_a_budget_too_small_keeps_nothing_and_says_so(tmp_path, caplog):
+    from ggufs import tiny_llama_weights, write_tiny_llama_gguf
+    wide = write_tiny_llama_gguf(tmp_path / "wide.gguf", tiny_llama_weights(
+        n_embd=256, n_layer=4, n_head=4, n_head_kv=4, n_ff=256), n_head=4, n_head_kv=4)
+    folder = tmp_path / "saved"
     with caplog.at_level(logging.WARNING, logger="edgespec.cache"):
-        follow = first_turn(smollm2_path, tmp_path, conversation(), cache_disk=1)  # 1 MiB
-    assert not files(tmp_path) and folder_bytes(tmp_path) == 0
+        engine = edgespec.load(str(wide), draft="lookup", num_draft=4, n_ctx=512, cache_dir=folder,
+                               cache_disk=1)
+        engine.generate(PROMPT, GREEDY, max_tokens=4)  # 4 KiB of state a token: over 1 MiB
+        engine.close()
+    assert not files(folder) and folder_bytes(folder) == 0
     assert any("does not fit --cache-disk" in r.getMessage() for r in caplog.records)
-    reply, _ = follow_up_in_a_new_engine(smollm2_path, tmp_path, follow, caplog, cache_disk=1)
-    assert reply.stats.prompt_restored_tokens == 0
 
 
-def test_a_full_disk_leaves_no_part_file_and_the_engine_goes_on(smollm2_path, tmp_path, caplog):
-    """The process may write no file over 1 MiB (RLIMIT_FSIZE): the disk says EFBIG, as a
+def test_a_full_disk_leaves_no_part_file_and_the_engine_goes_on(tiny, tmp_path, caplog):
+    """The process may write no file over 8 KiB (RLIMIT_FSIZE): the disk says EFBIG, as a
     full one says ENOSPC."""
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
     previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    engine = load(smollm2_path, tmp_path)
-    engine.chat(conversation(), stream=False, params=GREEDY, max_tokens=4)
+    engine = tiny_engine(tiny[0], tmp_path)
+    engine.generate(PROMPT, GREEDY, max_tokens=4)
     try:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (2**20, hard))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (2**13, hard))
         with caplog.at_level(logging.WARNING, logger="edgespec.cache"):
             engine.close()
     finally:
