@@ -91,8 +91,8 @@ class Served:
         self.sock.close()
 
 
-def chromium(downloads: Path | None = None, width: int = 1200, height: int = 850):
-    """Debian's chromium and its driver, headless, or a reason to skip."""
+def chromium(downloads: Path | None = None, width: int = 1200, height: int = 850, flags=()):
+    """Debian's chromium and its driver, headless (and ``flags``), or a reason to skip."""
     binary = shutil.which("chromium") or shutil.which("chromium-browser")
     driver = shutil.which("chromedriver")
     if not binary or not driver:
@@ -102,7 +102,7 @@ def chromium(downloads: Path | None = None, width: int = 1200, height: int = 850
     options = webdriver.ChromeOptions()
     options.binary_location = binary
     for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
-                 f"--window-size={width},{height}"):
+                 f"--window-size={width},{height}", *flags):
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
     browser = webdriver.Chrome(service=Service(driver), options=options)

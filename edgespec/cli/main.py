@@ -205,6 +205,7 @@ def cmd_selfcheck(args) -> int:
 
 def cmd_serve(args) -> int:
     """``edgespec serve``: load the models, serve until Ctrl-C, free the models."""
+    from ..serve.guard import Access, split_list
     from ..serve.server import ServerSettings, serve
     if args.queue < 0:
         raise EdgespecError(f"invalid --queue {args.queue}: must be >= 0")
@@ -214,8 +215,10 @@ def cmd_serve(args) -> int:
     engine = build_engine(args, fetch=True)
     try:
         names = tuple(dict.fromkeys([engine.target.name, args.model]))
+        access = Access(args.host, allowed_hosts=split_list(args.allowed_hosts),
+                        cors_origins=split_list(args.cors_origins))
         settings = ServerSettings(names, params, engine.num_draft, api_key=args.api_key,
-                                  queue_size=args.queue)
+                                  queue_size=args.queue, access=access)
         serve(engine, settings, host=args.host, port=args.port)
     except KeyboardInterrupt:  # Ctrl-C is how a server is stopped: not an error
         pass
@@ -288,6 +291,14 @@ def make_parser() -> argparse.ArgumentParser:
                    help="require Authorization: Bearer KEY on /v1 (needed to bind other addresses safely)")
     p.add_argument("--queue", type=int, default=8,
                    help="requests that may wait for their turn; more get 503 (default 8)")
+    p.add_argument("--allowed-hosts", default=None, metavar="NAMES",
+                   help="Host names answered besides the bound address and localhost, comma-"
+                        "separated (a reverse proxy's or a LAN name; .example.com: subdomains too; "
+                        "*: any). Default: none, which refuses DNS-rebinding pages")
+    p.add_argument("--cors-origins", default=None, metavar="ORIGINS",
+                   help="web origins whose pages may call the API, comma-separated "
+                        "(https://app.example.com; localhost: any page served from this machine; "
+                        "*: any site). Default: none but the chat page's own")
     p.set_defaults(func=cmd_serve)
 
     pair = commands.add_parser("pair", help="drafter/target pairing").add_subparsers(

@@ -39,8 +39,8 @@ def api_key(key: str | None):
 
 
 def body(model: type[BaseModel], route: str | None = None, **context):
-    """The dependency that reads a request's JSON body (whatever its Content-Type) into
-    ``model``, validated with ``context``; a 400 names the first field at fault.
+    """The dependency that reads a request's JSON body (its Content-Type, size and
+    origin already checked by :mod:`~edgespec.serve.guard`) into ``model``, validated with ``context``; a 400 names the first field at fault.
     ``route``: a completion route of :mod:`~edgespec.serve.request_fields`, whose
     table is checked first (refused fields, unknown ones logged)."""
     async def read(http_request: Request):

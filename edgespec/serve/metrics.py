@@ -63,6 +63,7 @@ class Metrics:
         self.drafted_per_position: list[int] = []
         self.accepted_per_position: list[int] = []
         self.finished: dict[str, int] = {}  # generations, by finish reason
+        self.refused: dict[str, int] = {}  # requests refused before any route, by reason
         self.n_tokens_max = 0
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(self)
@@ -71,6 +72,11 @@ class Metrics:
         """One more request that ``what`` ("queued" or "rejected")."""
         with self._lock:
             self.totals[what] += 1
+
+    def refusal(self, reason: str) -> None:
+        """One more request refused by :mod:`~edgespec.serve.guard` (``host_not_allowed``...)."""
+        with self._lock:
+            self.refused[reason] = self.refused.get(reason, 0) + 1
 
     def generation(self, stats: GenerationStats, reason: str) -> None:
         """Count a finished generation."""
@@ -102,6 +108,7 @@ class Metrics:
         with self._lock:
             totals, per_drafter = dict(self.totals), {k: dict(v) for k, v in self.per_drafter.items()}
             finished, n_tokens_max = dict(self.finished), self.n_tokens_max
+            refused = dict(self.refused)
             rounds, accepted_at = self.rounds, list(self.accepted_per_position)
         for key, (name, text) in TOTALS.items():
             yield CounterMetricFamily(name, text, value=totals[key])
@@ -115,6 +122,12 @@ class Metrics:
         family = CounterMetricFamily("edgespec:generations", "Finished generations, by finish "
                                      "reason (cancelled: the client went away).", labels=["reason"])
         for reason, n in sorted(finished.items()):
+            family.add_metric([reason], n)
+        yield family
+        family = CounterMetricFamily("edgespec:requests_refused", "Requests refused before any "
+                                     "route ran (another site's page, a foreign Host, not JSON, "
+                                     "too large), by reason.", labels=["reason"])
+        for reason, n in sorted(refused.items()):
             family.add_metric([reason], n)
         yield family
         generating, waiting = self._load()

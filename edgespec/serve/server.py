@@ -15,13 +15,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import logging
 import queue
 import signal
 import socket
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import AsyncIterator
 
 from fastapi import APIRouter, FastAPI
@@ -37,6 +38,7 @@ from ..errors import EdgespecError
 from .metrics import Metrics, log, log_generation
 from .native_routes import add_native_routes
 from .errors import ApiError
+from .guard import Access, protect
 from .openai_api import ChatBody, CompletionBody, Request, new_id
 from .openai_fields import template_messages
 from .page import add_page_routes
@@ -58,6 +60,7 @@ class ServerSettings:
     num_draft: int | str           # the default k or "auto"
     api_key: str | None = None
     queue_size: int = DEFAULT_QUEUE
+    access: Access = field(default_factory=Access)  # the bound address, hosts and origins let in
 
 
 class Turns:
@@ -230,6 +233,7 @@ def create_app(engine: Engine, settings: ServerSettings, *, worker_thread: bool 
 
     app = FastAPI(title="edgespec", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.server = server
+    protect(app, settings.access, server.metrics.refusal)  # other sites' pages, rebinding, non-JSON
 
     def error_response(error: ApiError) -> JSONResponse:
         return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
@@ -307,6 +311,8 @@ def serve(engine: Engine, settings: ServerSettings, *, host: str, port: int) -> 
         raise EdgespecError(f"cannot listen on {host}:{port} ({exc.strerror or exc}): "
                             f"choose another --port") from None
     bound = sock.getsockname()[1]
+    # The Host check answers to the address bound here, whatever the settings said.
+    settings = dataclasses.replace(settings, access=dataclasses.replace(settings.access, host=host))
     app = create_app(engine, settings, worker_thread=False)
     # SIGTERM (a service manager, a desktop app ending its child) stops the server as
     # Ctrl-C does, so the models are freed and the socket closed, not just killed.
