@@ -152,8 +152,17 @@ class Planners(Protocol):
     through (a source that times passes times them there, between generations) and
     ``clock`` the engine's."""
 
+    defer: bool  # time a new planner's costs later (time_pending), not where it is made
+
     def planner(self, drafter: Drafter | None, num_draft: int | str, *, target, clock) -> Planner:
         """The planner for ``drafter`` and ``num_draft`` (k, or ``"auto"``)."""
+
+    @property
+    def pending(self) -> bool:
+        """Whether a planner made with ``defer`` waits to be timed."""
+
+    def time_pending(self, target, clock) -> None:
+        """Time what the planners made with ``defer`` wait for, through ``target``."""
 
     def close(self) -> None:
         """The engine is closing: close every planner made (auto mode keeps its costs)."""
@@ -178,6 +187,11 @@ class FixedPlanners:
             raise EdgespecError("auto mode needs its planners: load with edgespec.load, or give "
                                 "the Engine planners=edgespec.planner.AutoPlanners()")
         return FixedPlanner(drafter, num_draft)
+
+    defer, pending = False, False  # (a fixed k times nothing)
+
+    def time_pending(self, target=None, clock=None) -> None:
+        pass
 
     def close(self) -> None:
         pass

@@ -25,6 +25,7 @@ from .costs import CostModel
 from ..core.sampling import SamplingParams, Scratch
 
 Model = Backend | CachedModel  # what is timed: a backend, or the cache a generation uses
+calibrations = 0  # run by this process (a server shows it in /metrics; tests read it)
 
 
 def _backend(model: Model) -> Backend:
@@ -35,7 +36,7 @@ def calibrate(target: Model, drafts: Sequence[tuple[str, Model]], *,
               sizes: Sequence[int] = DEFAULT_CONFIG.calibration_sizes,
               repeats: int = DEFAULT_CONFIG.calibration_repeats,
               clock: Callable[[], float] = time.perf_counter,
-              context: Sequence[int] | None = None) -> CostModel:
+              context: Sequence[int] | None = None, keep: bool = False) -> CostModel:
     """Time target passes of ``sizes`` tokens and one-token drafter steps,
     interleaved (so a busy moment hits all alike), on ``clock`` (the engine's).
 
@@ -45,22 +46,34 @@ def calibrate(target: Model, drafts: Sequence[tuple[str, Model]], *,
     ones, read by their median. Runs after a short dummy context, or after
     ``context`` (a pass attends to all that is cached: over a few thousand tokens a
     64-token pass costs a fifth more), and leaves the caches empty, also when
-    interrupted.
+    interrupted. With ``keep``, a cache that holds a conversation (a server's, timed
+    while it is idle) is timed after it instead, and holds it again afterwards.
     """
+    global calibrations
+    calibrations += 1
     cost = CostModel()
     vocab = _backend(target).vocab
     token = 0 if vocab.bos_token_id is None else vocab.bos_token_id
     context = [token] * 16 if context is None else [int(t) for t in context]
 
+    room = max(sizes) + 1
+    # Where each model's passes are timed from: after what it holds (``keep``), else
+    # after ``context``; and what it is left holding.
+    held = {id(b): len(b.tokens) if keep and isinstance(b, CachedModel) and
+            len(context) <= len(b.tokens) < _backend(b).n_ctx - room else 0
+            for b in [target] + [b for _, b in drafts]}
+
     def timed(backend: Model, n: int) -> float:
         start = clock()
         backend.forward([token] * n)
         seconds = clock() - start
-        backend.rewind(len(context))
+        backend.rewind(held[id(backend)] or len(context))
         return seconds
 
     try:
         for backend in [target] + [b for _, b in drafts]:
+            if held[id(backend)]:
+                continue
             backend.rewind(0)
             for start in range(0, len(context), 512):  # (a batch at a time)
                 backend.forward(context[start:start + 512], last_only=True)
@@ -75,9 +88,8 @@ def calibrate(target: Model, drafts: Sequence[tuple[str, Model]], *,
                 if not warm_up:
                     cost.observe_draft(name, 1, seconds)
     finally:
-        target.rewind(0)
-        for _, backend in drafts:
-            backend.rewind(0)
+        for backend in [target] + [b for _, b in drafts]:
+            backend.rewind(held[id(backend)])
     return cost
 
 
@@ -162,16 +174,33 @@ def pair_path(target: Model, drafts: Sequence[tuple[str, Model]]) -> Path:
     return calibration_path(_backend(target), _backend(drafts[0][1]) if drafts else None)
 
 
-def prior_for(target: Model, drafts: Sequence[tuple[str, Model]]) -> dict:
-    """The cached prior of this pair, or a new calibration (then cached)."""
+def cached_prior(target: Model, drafts: Sequence[tuple[str, Model]]) -> dict | None:
+    """The prior of this pair kept by an earlier run or calibration (None: none yet)."""
+    prior = load_calibration(pair_path(target, drafts))
+    return prior if prior and all(name in prior.get("c", {}) for name, _ in drafts) else None
+
+
+def borrowed_prior(target: Model) -> dict:
+    """What a pair not timed yet starts from when it may not be timed now (a server's
+    request): the target's pass costs as another run kept them (its costs alone, or
+    with no draft model), and no drafter's step cost; nothing if none was kept (then
+    every pass is taken to cost its length in plain steps, and no drafting pays until
+    the pair is timed)."""
+    prior = load_calibration(pair_path(target, []))
+    return {"v": prior["v"]} if prior else {}
+
+
+def prior_for(target: Model, drafts: Sequence[tuple[str, Model]], *, keep: bool = False) -> dict:
+    """The cached prior of this pair, or a new calibration (then cached; ``keep``: see
+    :func:`calibrate`)."""
     path = pair_path(target, drafts)
-    prior = load_calibration(path)
-    if prior and all(name in prior.get("c", {}) for name, _ in drafts):
+    if (prior := cached_prior(target, drafts)) is not None:
         return prior
+    prior = load_calibration(path)
     if prior is None and path.exists():
         print(f"edgespec: ignoring the cached costs {path}: not a calibration file "
               f"(measuring again, and rewriting it)", file=sys.stderr)
-    prior = calibrate(target, drafts).as_prior()
+    prior = calibrate(target, drafts, keep=keep).as_prior()
     save_calibration(prior, path)
     return prior
 

@@ -91,6 +91,13 @@ class CostModel:
         self._sure: dict[int, float] = {}  # v(m) at the sizes timed surely (_sure_v)
         self.tick = 0  # target passes observed: the clock that ages samples
 
+    def use_prior(self, prior: dict) -> None:
+        """Stand on ``prior`` from now on (a calibration made after the run began), in
+        place of the one given: what this run measured stays as it is."""
+        fresh = CostModel(prior, self.config)
+        self.prior_v, self.prior_c = fresh.prior_v, fresh.prior_c
+        self._v_table = self._points = None
+
     # -- measurements ------------------------------------------------------------------
 
     def observe_target(self, num_tokens: int, seconds: float) -> None:

@@ -21,7 +21,7 @@ from ..core.draft import MODEL, Drafter
 from ..core.planner import AUTO, FixedPlanner, Planner, check_num_draft
 from ..drafters import PromptLookup
 from .adaptive import AdaptivePlanner, auto_drafters
-from .calibration import PassTimer, pair_path, prior_for
+from .calibration import PassTimer, borrowed_prior, cached_prior, pair_path, prior_for
 from ..core.config import PlannerConfig
 from .costs import CostModel
 
@@ -40,6 +40,11 @@ class AutoPlanners:
     def __init__(self, config: PlannerConfig | None = None, *, prior: dict | None = None):
         self.config, self.prior = config, prior
         self._auto: dict[int, tuple[Drafter | None, AdaptivePlanner]] = {}
+        # A server's: a planner made inside a request is not timed there (a calibration
+        # costs seconds and its own passes through the target's cache); it starts from
+        # what is kept, and is timed by time_pending() once the server is idle.
+        self.defer = False
+        self._pending: list[tuple[Drafter | None, AdaptivePlanner]] = []
 
     def planner(self, drafter: Drafter | None, num_draft: int | str, *,
                 target: CachedModel, clock: Callable[[], float] = time.perf_counter) -> Planner:
@@ -50,10 +55,29 @@ class AutoPlanners:
         kept = self._auto.get(id(drafter))
         if kept is not None and kept[0] is drafter:
             return kept[1]
-        planner = auto_planner(target, drafter, self.config, prior=self.prior)
-        time_long_passes(planner, target, clock)
+        planner = auto_planner(target, drafter, self.config, prior=self.prior, calibrate=not self.defer)
+        if self.defer:
+            self._pending.append((drafter, planner))
+        else:
+            time_long_passes(planner, target, clock)
         self._auto[id(drafter)] = (drafter, planner)
         return planner
+
+    @property
+    def pending(self) -> bool:
+        """Whether a planner made meanwhile waits to be timed (:meth:`time_pending`)."""
+        return bool(self._pending)
+
+    def time_pending(self, target: CachedModel, clock: Callable[[], float] = time.perf_counter) -> None:
+        """Time what the planners made since the last call were not timed for: their
+        pair's calibration, if none is kept, and the long passes they want; after what
+        the caches hold, which they hold again afterwards. (A server calls it when idle.)"""
+        while self._pending:
+            drafter, planner = self._pending.pop(0)
+            models = _draft_models(drafter)
+            if self.prior is None and cached_prior(target, models) is None:
+                planner.cost.use_prior(prior_for(target, models, keep=True))
+            time_long_passes(planner, target, clock)
 
     def close(self) -> None:
         """Close every auto planner made: each keeps what its runs measured for the next."""
@@ -63,13 +87,15 @@ class AutoPlanners:
 
 def auto_planner(target: Backend | CachedModel, drafter: Drafter | None,
                  config: PlannerConfig | None = None, *, prior: dict | None = None,
-                 cheap: Drafter | None = None) -> AdaptivePlanner:
+                 cheap: Drafter | None = None, calibrate: bool = True) -> AdaptivePlanner:
     """Auto mode over a drafter that costs nothing to ask (``cheap``: prompt lookup
     unless given; a copying ``drafter`` takes its place) and ``drafter``, from this
     pair's cached costs, or a short calibration the first time (through ``target``,
     and the draft model's own cache); closing the planner keeps what its run measured
     for the next. With a ``prior`` (a benchmark's or a script's own costs) it starts
-    from those and keeps nothing.
+    from those and keeps nothing. Without ``calibrate``, a pair with no costs kept
+    starts from the target's costs as kept for another drafter (or none:
+    :func:`~edgespec.planner.calibration.borrowed_prior`) instead of a calibration.
 
     A draft model with a stop of its own (``min_confidence``: the user's
     --draft-p-min) keeps it; otherwise it stops below the planner's ``draft_p_min``
@@ -84,8 +110,11 @@ def auto_planner(target: Backend | CachedModel, drafter: Drafter | None,
         cheap = PromptLookup()
         cheap.attach(target.backend if isinstance(target, CachedModel) else target)
     kept = pair_path(target, models) if prior is None else None
-    return AdaptivePlanner(auto_drafters(drafter, cheap),
-                           CostModel(prior or prior_for(target, models), config), config, keep_costs=kept)
+    if prior is None:
+        prior = prior_for(target, models) if calibrate else \
+            cached_prior(target, models) or borrowed_prior(target)
+    return AdaptivePlanner(auto_drafters(drafter, cheap), CostModel(prior, config), config,
+                           keep_costs=kept)
 
 
 def time_long_passes(planner: AdaptivePlanner, target: CachedModel,

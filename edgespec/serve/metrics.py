@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..core.prompt_cache import PromptCacheStats
+from ..planner import calibration
 from ..core.stats import GenerationStats
 
 # The text format llama-server's /metrics declares (what generate_latest writes).
@@ -124,6 +125,9 @@ class Metrics:
         for reason, n in sorted(finished.items()):
             family.add_metric([reason], n)
         yield family
+        yield CounterMetricFamily("edgespec:calibrations", "Calibrations of a model pair's costs "
+                                  "run by this process (at load, or while idle).",
+                                  value=calibration.calibrations)
         family = CounterMetricFamily("edgespec:requests_refused", "Requests refused before any "
                                      "route ran (another site's page, a foreign Host, not JSON, "
                                      "too large), by reason.", labels=["reason"])

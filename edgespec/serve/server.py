@@ -48,6 +48,7 @@ from ..core.sampling import SamplingParams
 from .http import OPEN_PATHS, Whole, api_key, body, events, started
 
 DEFAULT_QUEUE = 8
+IDLE_SECONDS = 0.5  # no request for this long: the server is idle (planners are timed then)
 _END = object()
 
 
@@ -94,6 +95,9 @@ class Server:
 
     def __init__(self, engine: Engine, settings: ServerSettings):
         self.engine, self.settings = engine, settings
+        engine.planners.defer = True  # nothing is timed inside a request (see work())
+        self.idle_seconds = IDLE_SECONDS
+        self.timed_while_idle = threading.Event()  # set each time work() has timed planners
         self.drafters = RequestDrafters(engine.drafter)  # a request's by name
         self.prediction = PredictedOutput()  # a request's prediction: one drafter, auto mode kept
         self.turns: Turns | None = None  # made on the server's event loop
@@ -202,8 +206,21 @@ class Server:
         """Run the generations, one after another, in the calling thread, until
         :meth:`stop_work`. llama.cpp runs measurably faster (~9% on a 2-core CPU)
         in the thread that loaded the models than in another one, so
-        ``edgespec serve`` gives this its main thread and HTTP another."""
-        while (job := self.jobs.get()) is not None:
+        ``edgespec serve`` gives this its main thread and HTTP another.
+
+        What a request's auto planner was not timed for (a drafter named for the first
+        time: a calibration, long passes) is timed here once no request has come for
+        ``idle_seconds``, never inside a request."""
+        planners = self.engine.planners
+        while True:
+            try:
+                job = self.jobs.get(timeout=self.idle_seconds if planners.pending else None)
+            except queue.Empty:  # idle
+                planners.time_pending(self.engine.target_cache)
+                self.timed_while_idle.set()
+                continue
+            if job is None:
+                return
             job()
 
     def stop_work(self) -> None:
