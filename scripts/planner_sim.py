@@ -222,7 +222,7 @@ def replay(trace: dict, true: CostModel, *, config: PlannerConfig | None = None,
             else:
                 use = drafter
             if use == lookup.name:
-                draft = lookup.propose(context, limit, params, rng)
+                draft = lookup.propose(context, proposal.num_draft if planner else limit, params, rng)
                 caught_up, catch_s, draft_s = 0, 0.0, 0.0
             else:
                 draft, caught_up, catch_s, draft_s = model_draft(proposal.num_draft if planner else limit,
