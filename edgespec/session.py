@@ -69,8 +69,7 @@ class ChatSession:
         self.messages.clear()
         if forget_memory:
             for drafter in self.engine.active_drafters():
-                if hasattr(drafter, "forget"):
-                    drafter.forget()
+                drafter.forget()
 
     def send(self, text: str) -> Iterator[Chunk]:
         """Add a user message and stream the assistant's reply."""

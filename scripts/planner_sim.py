@@ -48,8 +48,10 @@ from edgespec.measure.ceiling import ceiling, copy_lengths
 from edgespec.planner.calibration import calibrate
 from edgespec.core.config import DEFAULT_CONFIG
 from edgespec.planner.costs import CostModel
+from edgespec.core.draft import DrafterBase
+from edgespec.core.planner import DraftingRound, FixedPlanner, draft_round
 from edgespec.drafters import Draft, PromptLookup, SuffixDrafter
-from edgespec.planner import DraftReport, RoundResult
+from edgespec.planner import RoundResult
 from edgespec.planner import AdaptivePlanner, PlannerConfig
 from edgespec.core.sampling import SamplingParams, logits_to_probs, top_probability
 
@@ -139,13 +141,52 @@ def time_costs(args) -> None:
         json.dump(data, f)
 
 
-class TraceModel:
-    """The draft model of a trace: offers while its top probability clears the
-    stop; the planner only ever sees its name, its kind and what it drafted."""
+class TraceModel(DrafterBase):
+    """The draft model of a trace, drafting through the engine's round code
+    (:func:`~edgespec.core.planner.draft_round`): it offers the reply's own tokens
+    while its recorded top probability clears the stop, and charges the simulated
+    clock what its catch-up and its steps cost on the machine; the planner only ever
+    sees its name, its kind, what it drafted and those seconds. Whether a drafted
+    token is accepted is the trace's business (:func:`replay`)."""
 
     name = MODEL
-    kind = "model"
+    kind = MODEL
     min_confidence = 0.0  # fixed k: no stop; auto: each proposal carries one
+
+    def __init__(self, trace: dict, true: CostModel, clock: "SimClock", noisy):
+        self.out, self.top = trace["out"], trace["top"]
+        self.true, self.clock, self.noisy = true, clock, noisy
+        self.t = self.synced = 0  # the reply's place; the model's cache holds out[:synced]
+
+    def prefill(self, context) -> int:
+        behind = self.t - self.synced
+        if behind > 2:
+            self.clock.charge(self.noisy(self.true.catch_up(MODEL, behind)))
+        return behind
+
+    def propose(self, context, num_draft, params, rng, *, min_confidence=None) -> Draft:
+        t, drafted = self.t, 0
+        p_min = self.min_confidence if min_confidence is None else min_confidence
+        while drafted < num_draft and not (p_min and self.top[t + drafted] < p_min):
+            drafted += 1
+        steps = drafted + (drafted < num_draft)
+        self.clock.charge(self.noisy(steps * self.true.c(MODEL)))
+        # Token ids stand in for the draft; acceptance is decided from the trace.
+        return Draft(list(self.out[t:t + drafted]), confidence=list(self.top[t:t + drafted]) if p_min else None)
+
+
+class SimClock:
+    """Simulated seconds, read by the engine's round code as it reads a real clock:
+    they pass only when a simulated drafter charges them."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def charge(self, seconds: float) -> None:
+        self.now += seconds
 
 
 def replay(trace: dict, true: CostModel, *, config: PlannerConfig | None = None,
@@ -155,7 +196,9 @@ def replay(trace: dict, true: CostModel, *, config: PlannerConfig | None = None,
     """Speedup over plain decoding of one trace: auto (with ``config``, its costs
     starting from ``prior``, over ``cheap``, prompt lookup or the suffix drafter, and the
     draft model unless not ``with_model``) or a fixed drafter (the draft model, lookup,
-    suffix) and k.
+    suffix) and k. Each round's drafting is the engine's own
+    (:func:`~edgespec.core.planner.draft_round`, with the planner auto mode or a fixed k
+    gets there), on a simulated clock.
 
     ``noise``: each pass takes its true time times a mean-one log-normal factor of
     this spread (a busy machine), which the planner sees as it would on a real clock.
@@ -166,84 +209,57 @@ def replay(trace: dict, true: CostModel, *, config: PlannerConfig | None = None,
     planner carry over, as in ``edgespec chat``); empty at its first turn.
     ``oracle``: a fixed lookup verifies exactly the part of its draft that will be
     accepted (greedy traces): what lookup could reach if it knew where to stop."""
-    out, prompt, accept, top = trace["out"], trace["prompt"], trace["accept"], trace["top"]
+    out, prompt, accept = trace["out"], trace["prompt"], trace["accept"]
     target_top = np.asarray(trace.get("target_top", [1.0] * len(out)))
     greedy, n = trace["temp"] == 0, len(out)
     uses_suffix = drafter == "suffix" or (config is not None and cheap == "suffix")
     state = {} if state is None else state
-    if not state:
-        tuning = config or DEFAULT_CONFIG  # (the copying drafters read theirs from it too)
-        state["lookup"] = SuffixDrafter(config=tuning) if uses_suffix else MapKRule() \
-            if drafter == MapKRule.name else PromptLookup(config=tuning)
-        if VOCABULARY and hasattr(state["lookup"], "copies"):  # line structure, as attach() gives
-            state["lookup"].copies.set_vocabulary(VOCABULARY[0].token_bytes)
-        state["model"] = TraceModel()
-        state["planner"] = AdaptivePlanner(
-            [state["lookup"], state["model"]] if with_model and trace.get("draft", True)
-            else [state["lookup"]],
-            CostModel(prior, config), config) if config else None
-    lookup, model, planner = state["lookup"], state["model"], state["planner"]
-    params = SamplingParams(temperature=trace["temp"])
-    t, spent, synced = 0, 0.0, 0  # synced: the draft model's cache holds out[:synced]
     clock = np.random.default_rng(rng.integers(1 << 32) if noise and rng is not None else None)
 
     def noisy(seconds: float) -> float:
         return seconds * math.exp(noise * clock.standard_normal() - noise * noise / 2) if noise else seconds
 
-    if planner:  # auto mode's planners time the long passes a planner wants where they
+    sim_clock = SimClock()
+    if not state:
+        tuning = config or DEFAULT_CONFIG  # (the copying drafters read theirs from it too)
+        state["lookup"] = SuffixDrafter(config=tuning) if uses_suffix else MapKRule() \
+            if drafter == MapKRule.name else PromptLookup(config=tuning)
+        if VOCABULARY and isinstance(state["lookup"], (PromptLookup, SuffixDrafter)):
+            state["lookup"].copies.set_vocabulary(VOCABULARY[0].token_bytes)  # line structure
+        state["model"] = TraceModel(trace, true, sim_clock, noisy)
+        state["planner"] = AdaptivePlanner(
+            [state["lookup"], state["model"]] if with_model and trace.get("draft", True)
+            else [state["lookup"]],
+            CostModel(prior, config), config) if config else None
+    lookup, model, planner = state["lookup"], state["model"], state["planner"]
+    model.__init__(trace, true, sim_clock, noisy)  # (this turn's reply, costs and clock)
+    if planner is None:  # a fixed drafter and k, as the engine plans them
+        planner = FixedPlanner(lookup if drafter != MODEL else model, k)
+    params = SamplingParams(temperature=trace["temp"])
+    t, spent = 0, 0.0
+
+    if config:  # auto mode's planners time the long passes a planner wants where they
         #          make it (AutoPlanners: each between plain steps), once
         sizes = sorted(planner.timing_wanted())
         for size in [m for n in sizes for m in (1, n)] + [1] if sizes else ():
             planner.observe_pass(size, noisy(true.v(size)))
         planner.begin(prompt)
 
-    def model_draft(limit: int, stop: float | None) -> tuple[Draft, int, float, float]:
-        behind = t - synced
-        drafted, p_min = 0, model.min_confidence if stop is None else stop
-        while drafted < limit and not (p_min and top[t + drafted] < p_min):
-            drafted += 1
-        steps = drafted + (drafted < limit)
-        catch_up = noisy(true.catch_up(MODEL, behind)) if behind > 2 else 0.0
-        # Token ids stand in for the draft; acceptance is decided from the trace below.
-        return (Draft(list(out[t:t + drafted]), confidence=list(top[t:t + drafted]) if p_min else None),
-                behind, catch_up, noisy(steps * true.c(MODEL)))
-
     while t < n:
-        limit = min(planner.max_draft if planner else k, n - t - 1)
-        kind, draft, round_spent, asked_model = None, Draft([]), 0.0, False
-        reports, verified = [], None
-        context = prompt + out[:t]
-        while limit > 0:
-            if planner:
-                proposal = planner.plan(context, limit)
-                if proposal is None:
-                    break
-                use = proposal.drafter.name
-            else:
-                use = drafter
-            if use == lookup.name:
-                draft = lookup.propose(context, proposal.num_draft if planner else limit, params, rng)
-                caught_up, catch_s, draft_s = 0, 0.0, 0.0
-            else:
-                draft, caught_up, catch_s, draft_s = model_draft(proposal.num_draft if planner else limit,
-                                                                 proposal.min_confidence if planner else None)
-                asked_model = True
-            round_spent += catch_s + draft_s
-            if not planner:
-                if oracle and use == lookup.name:  # verify just what will be accepted
-                    held = 0
-                    while held < len(draft) and out[t + held] == draft.token_ids[held]:
-                        held += 1
-                    draft = draft.truncated(held)
-                kind = use if draft.token_ids else None
-                break
-            reports.append(DraftReport(proposal, draft, caught_up, catch_s, draft_s))
-            verified = planner.review(reports[-1])
-            if verified is not None:
-                kind, draft = use, draft.truncated(verified.num_draft)
-                break
-        if kind is None:
-            draft = Draft([])  # nothing worth verifying: a plain step
+        limit = min(planner.max_draft, n - t - 1)
+        model.t = t
+        sim_clock.now = 0.0
+        drafting = draft_round(planner, prompt + out[:t], limit, params, rng, sim_clock) \
+            if limit > 0 else DraftingRound((), None, Draft([]), 0.0)
+        reports, verified, draft = drafting.reports, drafting.verified, drafting.draft
+        kind = verified.drafter.name if verified is not None else None
+        round_spent = sum((r.catch_up_seconds + r.draft_seconds for r in reports), 0.0)
+        if oracle and not config and kind == lookup.name:  # verify just what will be accepted
+            held = 0
+            while held < len(draft) and out[t + held] == draft.token_ids[held]:
+                held += 1
+            draft = draft.truncated(held)
+            kind = kind if draft.token_ids else None
         accepted = 0
         if kind == lookup.name:
             while accepted < len(draft) and out[t + accepted] == draft.token_ids[accepted]:
@@ -256,18 +272,17 @@ def replay(trace: dict, true: CostModel, *, config: PlannerConfig | None = None,
                 accepted += 1
         verify_s = noisy(true.v(len(draft) + 1))
         round_spent += verify_s
-        if planner:
-            planner.observe(RoundResult(kind, draft.bucket, len(draft), accepted, len(draft) + 1,
-                                        verify_s, target_top[t:t + accepted + 1], tuple(reports),
-                                        verified if kind else None))
+        planner.observe(RoundResult(kind, draft.bucket, len(draft), accepted, len(draft) + 1,
+                                    verify_s, target_top[t:t + accepted + 1], tuple(reports),
+                                    verified if kind else None))
         spent += round_spent
         if tally is not None:
             key = kind or "plain"
             tally[key] = tally.get(key, 0) + 1
             tally[f"{key} accepted"] = tally.get(f"{key} accepted", 0) + accepted
             tally[f"{key} drafted"] = tally.get(f"{key} drafted", 0) + len(draft)
-        if asked_model:  # it caught up, and holds its drafts but the last
-            synced = t + (accepted if kind == MODEL else 0)
+        if any(r.proposal.drafter is model for r in reports):  # it caught up, and holds
+            model.synced = t + (accepted if kind == MODEL else 0)  # its drafts but the last
         t += accepted + 1
     return n / spent
 

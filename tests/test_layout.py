@@ -8,7 +8,11 @@ import re
 import sys
 from pathlib import Path
 
-from edgespec.drafters.registry import BUILTIN, MODEL
+from edgespec.core.backend import Backend
+from edgespec.core.draft import Drafter
+from edgespec.core.planner import Planner, Planners
+from edgespec.drafters.prediction import PredictedOutput
+from edgespec.drafters.registry import BUILTIN, MODEL, NONE
 
 ROOT = Path(__file__).parent.parent
 PACKAGE = ROOT / "edgespec"
@@ -132,6 +136,76 @@ def test_drafter_names_are_compared_only_in_the_name_table():
                         if const.value == MODEL and isinstance(node, ast.Assign):
                             continue
                         found.append((name, const.value, getattr(node, "lineno", 0)))
+    assert not found, found
+
+
+def test_no_drafter_or_prediction_word_where_a_drafter_is_named():
+    """"none" (no drafter) and "prediction" (Predicted Outputs' drafter) are words other
+    fields use too (tool_choice "none", a CSP's 'none'): wherever a drafter is named (a
+    comparison, a lookup, a default or a keyword of something called drafter), they come
+    from the registry or the drafter, not a literal. core/draft.py defines the one
+    below the registry that the engine's stats use (NO_DRAFTER)."""
+    words = {NONE, PredictedOutput.name}
+    found = []
+    for name, path in modules().items():
+        if unit(name) == "drafters" or name == "core.draft":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                about, values = [node.left, *node.comparators], [node.left, *node.comparators]
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+                about, values = [node.func.value], node.args[:1]
+            elif isinstance(node, ast.Subscript):
+                about, values = [node.value], [node.slice]
+            elif isinstance(node, ast.AnnAssign) and node.value is not None:
+                about, values = [node.target], [node.value]
+            elif isinstance(node, ast.keyword) and node.arg:
+                about, values = [ast.Name(node.arg)], [node.value]
+            else:
+                continue
+            if not any("drafter" in ast.unparse(a).lower() for a in about):
+                continue
+            for value in values:
+                for const in ast.walk(value):
+                    if isinstance(const, ast.Constant) and const.value in words:
+                        found.append((name, const.value, getattr(node, "lineno", 0)))
+    assert not found, found
+
+
+def _members(protocol) -> set[str]:
+    return {n for n in list(vars(protocol)) + list(getattr(protocol, "__annotations__", {}))
+            if not n.startswith("_")}
+
+
+def test_no_hasattr_on_a_protocol_member():
+    """What the protocols declare (Drafter, Backend, Planner, Planners) every
+    implementation has (DrafterBase gives the defaults): asking hasattr() about one
+    hides a missing method instead of failing. (A library's object, say a tokenizer's
+    close(), is not one of them.)"""
+    members = _members(Drafter) | _members(Backend) | _members(Planner) | _members(Planners)
+    found = []
+    for path in list(PACKAGE.rglob("*.py")) + list((ROOT / "scripts").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "hasattr" and \
+                    len(node.args) == 2 and isinstance(node.args[1], ast.Constant) and \
+                    node.args[1].value in members and \
+                    re.search(r"backend|target|model|drafter|planner|lookup|\bd\b", ast.unparse(node.args[0])):
+                found.append((str(path.relative_to(ROOT)), node.args[1].value, node.lineno))
+    assert "forget" in members and "prefill" in members
+    assert not found, found
+
+
+def test_no_script_drafts_a_round_of_its_own():
+    """A script that replays or measures drafting goes through the engine's round code
+    (core.planner.draft_round): one that asked a planner to plan or review, or a drafter
+    to propose, itself could drift from what the engine does (planner_sim once did:
+    it asked a copy drafter for the round's whole limit, not the proposal's length)."""
+    found = []
+    for path in (ROOT / "scripts").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                    node.func.attr in ("plan", "review", "propose"):
+                found.append((path.name, ast.unparse(node.func), node.lineno))
     assert not found, found
 
 

@@ -87,7 +87,7 @@ def _stats_line(session: ChatSession) -> str:
     turn = session.last
     s = turn.stats
     parts = [f"{s.generated_tokens} tokens", f"{s.tokens_per_second:.1f} tok/s"]
-    if s.drafter != "none":
+    if s.drafter != registry.NONE:
         parts += [f"acceptance {s.acceptance_rate:.0%}",
                   f"mean accepted length {s.mean_accepted_length:.2f}", f"drafter {s.drafter}"]
     else:

@@ -52,6 +52,10 @@ COPY = "copy"    # drafts the text's own tokens (q one-hot, probs=None), at no m
 #                  prompt lookup, the suffix drafter; it classes its drafts (Draft.bucket)
 MODEL = "model"  # a model of its own: q for each token, a step cost, a confidence stop
 
+# How stats name a generation with no drafter (GenerationStats.drafter): the registry's
+# ``-d none`` (drafters/registry.py), defined here, below it, for the engine's stats.
+NO_DRAFTER = "none"
+
 
 @runtime_checkable
 class Drafter(Protocol):

@@ -34,7 +34,7 @@ from .acceptance import runnable_drafts
 from .backend import Backend
 from .cache import CachedModel, common_prefix_length
 from .coupling import Coupling
-from .draft import Draft, Drafter
+from .draft import NO_DRAFTER, Draft, Drafter
 from .generation import Chunk, Committed, Generation, PromptProgress, Run, collect, sampling_from, stream_text
 from .planner import (DraftingRound, FixedPlanners, Planner, Planners, RoundResult, check_num_draft,
                       draft_round)
@@ -200,7 +200,7 @@ class Engine:
         if shaping is not None:
             shaping.start(self.target, len(prompt_ids))
         speculative = speculative and bool(planner.drafters)
-        stats = GenerationStats(drafter=planner.name if speculative else "none",
+        stats = GenerationStats(drafter=planner.name if speculative else NO_DRAFTER,
                                 prompt_tokens=len(prompt_ids))
         run = Run(list(prompt_ids), params, rng or make_rng(params), max_tokens, speculative, stats,
                   n_ctx, planner, cancelled=cancel or threading.Event(), shaping=shaping,

@@ -24,7 +24,7 @@ from typing import Callable, Protocol, Sequence
 import numpy as np
 
 from ..errors import EdgespecError
-from .draft import Draft, Drafter
+from .draft import NO_DRAFTER, Draft, Drafter
 
 
 @dataclass(frozen=True)
@@ -125,7 +125,7 @@ class FixedPlanner:
 
     @property
     def name(self) -> str:
-        return self.drafter.name if self.drafter is not None else "none"
+        return self.drafter.name if self.drafter is not None else NO_DRAFTER
 
     def begin(self, context: Sequence[int]) -> None:
         self._asked = False

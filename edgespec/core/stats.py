@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from .draft import NO_DRAFTER
+
 
 @dataclass
 class GenerationStats:
@@ -15,7 +17,7 @@ class GenerationStats:
     bonus token: 1 + accepted / rounds, the tokens committed per target pass.
     """
 
-    drafter: str = "none"
+    drafter: str = NO_DRAFTER
     prompt_tokens: int = 0
     prompt_eval_tokens: int = 0  # target tokens evaluated to prefill (cache reuse makes it small)
     draft_prompt_eval_tokens: int = 0
@@ -112,7 +114,7 @@ class GenerationStats:
                     mine[key] = mine.get(key, 0) + count
             elif isinstance(value, (int, float)) and not isinstance(value, bool):
                 setattr(self, name, getattr(self, name) + value)
-        if other.drafter != "none":
+        if other.drafter != NO_DRAFTER:
             self.drafter = other.drafter
 
     def to_dict(self) -> dict:

@@ -16,6 +16,7 @@ from importlib import import_module
 from typing import Callable
 
 from ..core.draft import MODEL as MODEL_KIND
+from ..core.draft import NO_DRAFTER
 from ..core.draft import Drafter
 from ..errors import EdgespecError
 
@@ -28,7 +29,7 @@ BUILTIN: dict[str, tuple[str, str]] = {
                  "the line before again, where this line starts as it did"),
 }
 DEFAULT = "lookup"   # what drafts where nothing is said: costs nothing to ask
-NONE = "none"        # -d none: no drafter
+NONE = NO_DRAFTER    # -d none: no drafter
 OFF = "off"          # a request's drafter: no speculation
 MODEL = "model"      # a request's drafter: the draft model the server was started with
 REQUEST_CHOICES = (*BUILTIN, MODEL, OFF)  # what a request's speculative.drafter may name

@@ -22,7 +22,7 @@ from ..drafters import DraftModel, PromptLookup
 from ..core.draft import MODEL
 from ..core.engine import Engine
 from ..errors import EdgespecError
-from ..drafters.registry import is_builtin, listed_companion, make_drafter
+from ..drafters.registry import NONE, is_builtin, listed_companion, make_drafter
 from ..models.loading import BackendOptions, load_backend
 from ..models.arguments import pick_backend
 from ..models.catalog import resolve_model
@@ -153,10 +153,10 @@ def run_bench(config: BenchConfig, options: BackendOptions, *, progress=None, lo
             for index, turns in enumerate(conversations):
                 params = SamplingParams(temperature=temperature, seed=config.seed + repeat,
                                         invariant=sampling == "invariant")
-                plans = [("plain", "none", 0)] + [("fixed", name, k) for name, k in fixed]
+                plans = [("plain", NONE, 0)] + [("fixed", name, k) for name, k in fixed]
                 if config.auto:
                     plans.append(("auto", auto_drafter.name if auto_drafter else auto_cheap.name, 0))
-                plans.append(("plain", "none", 0))
+                plans.append(("plain", NONE, 0))
                 replies = []  # per plan, a generation per turn
                 for mode, name, k in plans:
                     replies.append([])

@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal
 from pydantic import (AfterValidator, AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field,
                       PlainValidator, StrictBool, StrictInt, StrictStr, model_validator)
 
+from ..drafters.prediction import PredictedOutput
 from ..drafters.registry import REQUEST_CHOICES
 from . import openai_fields as fields
 from .errors import invalid
@@ -268,10 +269,10 @@ def usage(stats: GenerationStats, request: Request | None = None) -> dict:
            "total_tokens": stats.prompt_tokens + stats.generated_tokens,
            "prompt_tokens_details": {"cached_tokens": stats.cached_prompt_tokens}}
     if request is not None and request.extras.prediction is not None:
-        accepted = stats.accepted_per_drafter.get("prediction", 0)
+        accepted = stats.accepted_per_drafter.get(PredictedOutput.name, 0)
         out["completion_tokens_details"] = {
             "accepted_prediction_tokens": accepted,
-            "rejected_prediction_tokens": stats.drafted_per_drafter.get("prediction", 0) - accepted}
+            "rejected_prediction_tokens": stats.drafted_per_drafter.get(PredictedOutput.name, 0) - accepted}
     return out
 
 
