@@ -325,7 +325,8 @@ def test_n_probs_gives_completion_probabilities_whole_and_streamed(served):
 
 
 def test_parallel_tool_calls_false_keeps_a_replys_first_call():
-    from edgespec.serve.openai_fields import Extras, reply_calls
+    from edgespec.serve.openai_fields import Extras
+    from edgespec.serve.tool_calls import reply_calls
     tools = [{"type": "function", "function": {"name": "get_weather"}}]
     text = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
             '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>')

@@ -23,7 +23,8 @@ from ..drafters.registry import BUILTIN
 from ..errors import EdgespecError
 from .errors import ApiError, invalid
 from .openai_api import CompletionBody, Request, Sampling, progress, timings
-from .openai_fields import applied_samplers, token_entries
+from .logprobs import token_entries
+from .sampler_order import applied_samplers
 from ..core.shaping import Shaping
 from ..core.prompting import check_prompt_chars
 from ..core.sampling import SamplingParams

@@ -22,9 +22,10 @@ from pydantic import (AfterValidator, AliasChoices, BaseModel, BeforeValidator, 
 
 from ..drafters.prediction import PredictedOutput
 from ..drafters.registry import REQUEST_CHOICES
-from . import openai_fields as fields
+from . import grammars, openai_fields as fields, sampler_order
 from .errors import invalid
-from .openai_fields import MAX_TOP_LOGPROBS, Extras, reply_calls, tool_names
+from .openai_fields import MAX_TOP_LOGPROBS, Extras
+from .tool_calls import reply_calls, tool_names
 from ..core.generation import PromptProgress
 from ..core.grammar import Grammar
 from ..core.sampling import SamplingParams
@@ -165,9 +166,9 @@ class _Shared(BaseModel):
     tools: Annotated[list[dict] | None, PlainValidator(fields.tools)] = None
     tool_choice: Annotated[str | dict | None, PlainValidator(fields.tool_choice)] = None
     parallel_tool_calls: StrictBool = True
-    grammar: Annotated[Grammar | None, PlainValidator(fields.gbnf)] = None
-    json_schema: Annotated[Grammar | None, PlainValidator(fields.json_schema)] = None
-    response_format: Annotated[Grammar | None, PlainValidator(fields.response_format)] = \
+    grammar: Annotated[Grammar | None, PlainValidator(grammars.gbnf)] = None
+    json_schema: Annotated[Grammar | None, PlainValidator(grammars.json_schema)] = None
+    response_format: Annotated[Grammar | None, PlainValidator(grammars.response_format)] = \
         Field(None, validate_default=True)  # (grammar's, json_schema's, tool_choice's, too)
     logit_bias: Annotated[dict[int, float], PlainValidator(fields.logit_bias)] = {}
     presence_penalty: Annotated[float, PlainValidator(fields.penalty)] = 0.0
@@ -180,7 +181,7 @@ class _Shared(BaseModel):
     min_p: Sampling = None
     typical_p: Sampling = None
     seed: Sampling = None
-    samplers: Annotated[tuple[str, ...] | None, PlainValidator(fields.samplers)] = None
+    samplers: Annotated[tuple[str, ...] | None, PlainValidator(sampler_order.samplers)] = None
     cache_prompt: StrictBool = True
     return_progress: StrictBool = False
     max_tokens: Annotated[StrictInt, Field(ge=1)] | None = Field(
@@ -220,7 +221,7 @@ class _Shared(BaseModel):
         """What this body asks for, sampling left unset taken from ``defaults``."""
         sampling = {name: getattr(self, name) for name in SAMPLING if getattr(self, name) is not None}
         penalties = {name: getattr(self, name) for name in PENALTIES}
-        params, penalties = fields.in_order(self.samplers, defaults.with_(**sampling), penalties)
+        params, penalties = sampler_order.in_order(self.samplers, defaults.with_(**sampling), penalties)
         shaping = Shaping(self.logit_bias, rule=self.response_format, **penalties)
         extras = Extras(shaping if shaping.active else None, self.asked_logprobs(), self.tools,
                         (self.tool_choice or "auto") if self.tools else "none", self.prediction,
@@ -295,7 +296,7 @@ def timings(stats: GenerationStats) -> dict:
 def response(request: Request, id: str, model: str, text: str, reason: str,
              stats: GenerationStats, *, logprobs: dict | None = None) -> dict:
     """A whole (non-streamed) chat completion or text completion (``logprobs``: the
-    choice's, shaped by :mod:`edgespec.serve.openai_fields`)."""
+    choice's, shaped by :mod:`edgespec.serve.logprobs` and :mod:`edgespec.serve.tool_calls`)."""
     if request.kind == "chat":
         message = {"role": "assistant", "content": text}
         calls = []

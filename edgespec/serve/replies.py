@@ -8,7 +8,8 @@ from typing import AsyncIterator, Callable
 
 from ..core.generation import PromptProgress
 from .openai_api import Request, chunk, progress_chunk, response, usage_chunk
-from .openai_fields import chat_logprobs, completion_logprobs, may_be_call, reply_calls, tool_names
+from .logprobs import chat_logprobs, completion_logprobs
+from .tool_calls import may_be_call, reply_calls, tool_names
 
 
 def logprobs_of(request: Request, entries: list[dict] | None, token_bytes, offset: int = 0) -> dict | None:

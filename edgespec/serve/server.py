@@ -40,7 +40,7 @@ from .native_routes import add_native_routes
 from .errors import ApiError
 from .guard import Access, protect
 from .openai_api import ChatBody, CompletionBody, Request, new_id
-from .openai_fields import template_messages
+from .tool_calls import template_messages
 from .page import add_page_routes
 from .replies import stream_reply, whole_reply
 from .request_fields import CHAT, COMPLETIONS
