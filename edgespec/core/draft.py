@@ -76,6 +76,9 @@ class Drafter(Protocol):
     the committed ``context``; the engine calls it in a ``finally`` so an
     abandoned generation leaves no junk. ``reset`` forgets the current
     conversation, ``forget`` everything learned from earlier ones too.
+    ``memory`` counts the bytes it holds beyond the models (what it keeps of other
+    conversations too), and ``drop_oldest_memory`` drops the least recently used of
+    those (``oldest_memory``: when it was last used), under the prompt cache's budget.
     ``attach`` raises :class:`~edgespec.errors.EdgespecError` if the drafter
     cannot serve ``target`` (vocabulary), and ``close`` frees what the drafter holds.
 
@@ -107,6 +110,12 @@ class Drafter(Protocol):
     def reset(self) -> None: ...
 
     def forget(self) -> None: ...
+
+    def memory(self) -> dict[str, int]: ...
+
+    def oldest_memory(self) -> float | None: ...
+
+    def drop_oldest_memory(self) -> None: ...
 
     def close(self) -> None: ...
 
@@ -142,6 +151,19 @@ class DrafterBase:
     def forget(self) -> None:
         """Forget everything: this conversation and earlier ones."""
         self.reset()
+
+    def memory(self) -> dict[str, int]:
+        """Bytes of host memory it holds beyond the models, by part (``copy_indexes``,
+        ``suffix_counts``, ``draft_logits``): counted in the prompt cache's budget."""
+        return {}
+
+    def oldest_memory(self) -> float | None:
+        """When (``time.monotonic()``) the least recently used piece of it that may be
+        dropped, another conversation's, was last used; None: none."""
+        return None
+
+    def drop_oldest_memory(self) -> None:
+        """Drop that piece (:meth:`oldest_memory`): the budget is full."""
 
     def close(self) -> None:
         """Nothing to free."""

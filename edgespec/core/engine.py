@@ -91,11 +91,9 @@ class Engine:
     def configure(self, drafter: Drafter | None, num_draft: int | str,
                   planner: Planner | None = None) -> None:
         """Set the drafter and k (an int, or ``"auto"``) generations use unless they say
-        otherwise, or a planner of your own. (A server never calls this: a request's
-        drafter and k are arguments of its generation.)
-
-        In auto mode the planners keep what they learned across generations, one per
-        drafter.
+        otherwise, or a planner of your own; in auto mode the planners keep what they
+        learned across generations, one per drafter. (A server never calls this: a
+        request's drafter and k are arguments of its generation.)
         """
         self._check_open()
         if planner is None:
@@ -335,6 +333,8 @@ class Engine:
                 if run.speculative:
                     for drafter in planner.drafters:
                         drafter.rewind(ctx)
+                if self.prompt_cache is not None:  # (the drafters' memory counts in its budget)
+                    self.prompt_cache.settle(planner.drafters)
 
     def _prefill(self, run: Run) -> bool:
         """Evaluate the prompt but its last token into the target's cache (its last

@@ -9,6 +9,12 @@ saves what a new prompt would drop (:meth:`edgespec.core.cache.CachedModel.reuse
 and a new prompt brings back the saved state that shares its longest prefix.
 The least recently used state goes first when the budget is full.
 
+The budget is for everything conversations leave behind in host RAM, not the states
+alone: the drafters' memory of other conversations (prompt lookup's and the suffix
+drafter's copy indexes, the suffix drafter's counts) counts in it too, and after each
+generation (:meth:`PromptCache.settle`) the least recently used piece goes, whoever
+holds it, until all of it fits.
+
 Below RAM there may be a folder (:mod:`.prompt_disk`): a state leaves RAM for it
 when it is evicted, and every state still held goes there when the engine closes
 (:meth:`PromptCache.flush`), so a conversation survives a restart. A lookup takes
@@ -25,6 +31,8 @@ from __future__ import annotations
 
 import os
 import threading
+import time
+import weakref
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -66,6 +74,7 @@ class SavedPrompt:
     # The state as bytes for a file (the backend's state_bytes); None: never on disk.
     dump: Callable[[object], np.ndarray] | None = None
     on_disk: bool = False  # already written to the folder
+    used_at: float = 0.0  # time.monotonic() when last saved or restored (the drafters' clock)
 
     def __post_init__(self):
         if self.usable < 0:
@@ -118,6 +127,8 @@ class PromptCache:
         self._lock = threading.Lock()  # the RAM entries and counters
         self._disk_lock = threading.Lock()  # the folder's calls (never held with the other)
         self._stats = PromptCacheStats()
+        self._holders: weakref.WeakSet = weakref.WeakSet()  # drafters whose memory counts here
+        self._others: dict[str, int] = {}  # their bytes by part, as last measured
 
     @property
     def enabled(self) -> bool:
@@ -177,7 +188,7 @@ class PromptCache:
                 self._stats.disk_hits += 1
                 return
             self._clock += 1
-            entry.used = self._clock
+            entry.used, entry.used_at = self._clock, time.monotonic()
 
     def holds(self, model: str, tokens: Sequence[int], usable: int | None = None) -> bool:
         """Whether a saved state of ``model`` in RAM already holds ``tokens`` (or more),
@@ -196,7 +207,8 @@ class PromptCache:
         False if it is kept nowhere."""
         entry = SavedPrompt(model, list(tokens), state, int(nbytes), 0,
                             len(tokens) if usable is None else usable, dump)
-        if nbytes > self.budget:
+        room = self.budget - sum(self._others.values())  # (what the drafters held, last measured)
+        if nbytes > room:
             return self._spill([entry]) > 0
         with self._lock:
             # A state this one extends is superseded: the same conversation, shorter.
@@ -206,16 +218,56 @@ class PromptCache:
             held = sum(e.nbytes for e in self._saved)
             self._saved.sort(key=lambda e: e.used)
             evicted = []
-            while self._saved and held + nbytes > self.budget:
+            while self._saved and held + nbytes > room:
                 evicted.append(self._saved.pop(0))
                 held -= evicted[-1].nbytes
                 self._stats.evictions += 1
             self._clock += 1
-            entry.used = self._clock
+            entry.used, entry.used_at = self._clock, time.monotonic()
             self._saved.append(entry)
             self._stats.saves += 1
         self._spill(evicted)  # (outside the lock: /metrics reads the counters meanwhile)
         return True
+
+    def settle(self, drafters: Sequence = ()) -> None:
+        """Bring what conversations leave behind within the budget: the states held here
+        and the memory of ``drafters`` and of every drafter seen before (their
+        ``memory()``: copy indexes, counts, a draft model's logits). The least recently
+        used piece goes first, a state (to the folder, if any) or a drafter's other
+        conversation, until it all fits or nothing more may go (the live conversation's
+        indexes stay). The engine calls it after each generation."""
+        if self.budget == 0:
+            return
+        self._holders.update(drafters)
+        while True:
+            others: dict[str, int] = {}
+            for holder in list(self._holders):
+                for part, n in holder.memory().items():
+                    others[part] = others.get(part, 0) + n
+            self._others = others
+            with self._lock:
+                held = sum(e.nbytes for e in self._saved)
+                state = min(self._saved, key=lambda e: e.used, default=None)
+            if held + sum(others.values()) <= self.budget:
+                return
+            dated = [(h.oldest_memory(), i, h) for i, h in enumerate(self._holders)]
+            _, _, holder = min([d for d in dated if d[0] is not None], default=(None, 0, None))
+            if state is not None and (holder is None or state.used_at <= holder.oldest_memory()):
+                with self._lock:
+                    self._saved.remove(state)
+                    self._stats.evictions += 1
+                self._spill([state])
+            elif holder is not None:
+                holder.drop_oldest_memory()
+            else:
+                return  # (only the live conversations' memory is left)
+
+    def memory(self) -> dict[str, int]:
+        """Bytes held by part: ``prompt_states`` here, and the drafters' (as last
+        measured by :meth:`settle`)."""
+        with self._lock:
+            held = sum(e.nbytes for e in self._saved)
+        return {"prompt_states": held, **self._others}
 
     def flush(self, live: Sequence = ()) -> int:
         """With a folder: save what the ``live`` caches hold (``CachedModel``s: the

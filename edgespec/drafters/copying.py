@@ -41,6 +41,7 @@ remembers where copies broke off:
 from __future__ import annotations
 
 import bisect
+import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -52,6 +53,10 @@ from .breaks import BreakModel, SourceLines
 # Conversations whose index is kept when a context leaves them, and the shortest kept.
 KEPT = 4
 KEEP_MIN_TOKENS = 64
+# Bytes of host memory per n-gram key of the index and per token (with its line
+# features), fitted on what tracemalloc counts for indexes of 500 to 12,000 tokens of
+# copy-rich and random text: 0.9-1.45 times it (over, not under, on short ones).
+KEY_BYTES, TOKEN_BYTES = 192, 40
 # What one conversation's index is (reset() makes these anew).
 CONVERSATION_STATE = ("tokens", "_index", "failed", "_last", "resume_at", "breaks", "lines")
 
@@ -139,15 +144,31 @@ class CopyIndex:
         (the longest), or start over."""
         if len(self.tokens) >= KEEP_MIN_TOKENS:
             self._kept.append({k: getattr(self, k) for k in CONVERSATION_STATE})
+            self._kept[-1]["left"] = time.monotonic()  # (when it was last used, for the budget)
             del self._kept[:-KEPT]
         fits = [i for i, kept in enumerate(self._kept) if len(kept["tokens"]) <= len(context)
                 and list(context[:len(kept["tokens"])]) == kept["tokens"]]
         if fits:
             best = max(fits, key=lambda i: len(self._kept[i]["tokens"]))
-            for name, value in self._kept.pop(best).items():
-                setattr(self, name, value)
+            for name in CONVERSATION_STATE:
+                setattr(self, name, self._kept[best][name])
+            del self._kept[best]
         else:
             self.reset()
+
+    def memory_bytes(self) -> int:
+        """Host memory the index holds, the kept conversations' too (estimated from its
+        keys and tokens: see KEY_BYTES)."""
+        return sum(_index_bytes(c["_index"], c["tokens"]) for c in self._kept) + \
+            _index_bytes(self._index, self.tokens)
+
+    def oldest_kept(self) -> float | None:
+        """When the least recently left kept conversation was left (None: none kept)."""
+        return self._kept[0]["left"] if self._kept else None
+
+    def drop_oldest_kept(self) -> None:
+        """Drop the least recently left kept conversation's index (the budget is full)."""
+        del self._kept[:1]
 
     def _learn(self) -> None:
         """Compare the tokens committed since the last copy was offered with its source:
@@ -272,3 +293,7 @@ def copy_bucket(copy: Copy) -> str:
     """How a copy is classed for a planner: by its match (:func:`match_bucket`), and a
     copy picked up again just past where it broke by that, unless its match is long."""
     return "resume" if copy.resumed and copy.match < 16 else match_bucket(copy.match)
+
+
+def _index_bytes(index: dict[int, dict], tokens: list[int]) -> int:
+    return KEY_BYTES * sum(len(table) for table in index.values()) + TOKEN_BYTES * len(tokens)

@@ -188,6 +188,11 @@ class DraftModel(DrafterBase):
             self._next_logits = None
         self.cache.rewind(keep)
 
+    def memory(self) -> dict[str, int]:
+        """The logits kept after the context (one row of the vocabulary)."""
+        logits = self._next_logits
+        return {"draft_logits": int(logits.nbytes) if logits is not None else 0}
+
     def reset(self) -> None:
         """Empty the draft model's cache."""
         self._next_logits = None

@@ -56,6 +56,16 @@ class PromptLookup(DrafterBase):
             return Draft([])
         return Draft(copy.tokens, None, copy_bucket(copy), hold=list(copy.hold))
 
+    def memory(self) -> dict[str, int]:
+        """The copy index's bytes (the kept conversations' too)."""
+        return {"copy_indexes": self.copies.memory_bytes()}
+
+    def oldest_memory(self) -> float | None:
+        return self.copies.oldest_kept()
+
+    def drop_oldest_memory(self) -> None:
+        self.copies.drop_oldest_kept()
+
     def attach(self, target) -> None:
         """Prompt lookup drafts the target's own tokens: any target will do. Its
         vocabulary tells which tokens end lines (where copies break is learned by line)."""

@@ -19,7 +19,7 @@ from typing import Callable
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from ..core.prompt_cache import PromptCacheStats
+from ..core.prompt_cache import PromptCache
 from ..planner import calibration
 from ..core.stats import GenerationStats
 
@@ -54,7 +54,7 @@ class Metrics:
     """
 
     def __init__(self, load: Callable[[], tuple[int, int]],
-                 prompt_cache: Callable[[], PromptCacheStats | None] = lambda: None):
+                 prompt_cache: Callable[[], PromptCache | None] = lambda: None):
         self._load = load
         self._prompt_cache = prompt_cache
         self._lock = threading.Lock()  # generations finish in the worker thread
@@ -162,9 +162,10 @@ class Metrics:
 
     def _saved_prompts(self):
         """The prompt cache's counters (none when the server has no prompt cache)."""
-        stats = self._prompt_cache()
-        if stats is None:
+        cache = self._prompt_cache()
+        if cache is None:
             return
+        stats = cache.stats()
         for name, text, value in (
                 ("hits", "Prompts that restored a saved KV state.", stats.hits),
                 ("misses", "Prompts that found no saved state sharing enough of them.", stats.misses),
@@ -182,6 +183,15 @@ class Metrics:
                                 value=stats.bytes)
         yield GaugeMetricFamily("edgespec:prompt_cache_states", "Saved KV states held.",
                                 value=stats.entries)
+        family = GaugeMetricFamily("edgespec:memory_bytes", "Host memory conversations leave "
+                                   "behind, by part, all within --cache-ram: saved states, the "
+                                   "drafters' copy indexes and counts, a draft model's logits.",
+                                   labels=["part"])
+        for part, n in sorted(cache.memory().items()):
+            family.add_metric([part], n)
+        yield family
+        yield GaugeMetricFamily("edgespec:memory_budget_bytes", "The budget (--cache-ram).",
+                                value=cache.budget)
 
     def exposition(self) -> bytes:
         """The text ``GET /metrics`` answers."""

@@ -106,7 +106,7 @@ class Server:
         self.finished: collections.deque = collections.deque(maxlen=64)
         self.metrics = Metrics(lambda: (int(bool(self.turns and self.turns.busy)),
                                         self.turns.waiting if self.turns else 0),
-                               lambda: engine.prompt_cache.stats() if engine.prompt_cache else None)
+                               lambda: engine.prompt_cache)
 
     # -- one request --------------------------------------------------------------------
 
