@@ -38,6 +38,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from .host_memory import give_back, map_large_buffers
 from .prefix import common_prefix_length
 from .prompt_disk import DiskEntry, PromptDisk, log
 
@@ -119,6 +120,8 @@ class PromptCache:
         if shift_min < 0:
             raise ValueError(f"invalid cache reuse {shift_min}: a chunk of >= 0 tokens (0: off)")
         self.budget = int(budget_bytes)
+        if self.budget:
+            map_large_buffers()  # (states are made and dropped all along: see host_memory)
         self.min_tokens = min_tokens
         self.shift_min = int(shift_min)
         self.disk = disk if disk is not None and disk.enabled else None
@@ -129,6 +132,7 @@ class PromptCache:
         self._stats = PromptCacheStats()
         self._holders: weakref.WeakSet = weakref.WeakSet()  # drafters whose memory counts here
         self._others: dict[str, int] = {}  # their bytes by part, as last measured
+        self._dropped = self._trimmed_at = 0  # drafters' pieces dropped; drops when last trimmed
 
     @property
     def enabled(self) -> bool:
@@ -249,7 +253,7 @@ class PromptCache:
                 held = sum(e.nbytes for e in self._saved)
                 state = min(self._saved, key=lambda e: e.used, default=None)
             if held + sum(others.values()) <= self.budget:
-                return
+                break
             dated = [(h.oldest_memory(), i, h) for i, h in enumerate(self._holders)]
             _, _, holder = min([d for d in dated if d[0] is not None], default=(None, 0, None))
             if state is not None and (holder is None or state.used_at <= holder.oldest_memory()):
@@ -259,8 +263,13 @@ class PromptCache:
                 self._spill([state])
             elif holder is not None:
                 holder.drop_oldest_memory()
+                self._dropped += 1
             else:
-                return  # (only the live conversations' memory is left)
+                break  # (only the live conversations' memory is left)
+        dropped = self._dropped + self._stats.evictions
+        if dropped != self._trimmed_at:  # states or indexes went since the last time: the
+            self._trimmed_at = dropped  # holes they left in the heap go back (host_memory)
+            give_back()
 
     def memory(self) -> dict[str, int]:
         """Bytes held by part: ``prompt_states`` here, and the drafters' (as last
