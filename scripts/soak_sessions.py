@@ -14,7 +14,9 @@ The bars: the largest RSS stays within the models and the runtime plus the budge
 1 MiB per 100 requests). The models and the runtime are measured after a warm-up that
 sends every kind of request once (the first ten: both drafters, a side request, JSON, a
 tool call, each of which sets up something once, such as the grammar engine's view of
-the vocabulary): its RSS less what the budget's parts held then.
+the vocabulary), the first of them a prompt that fills most of the context (the KV
+caches' and compute buffers' pages are touched as positions and batches first reach
+them): its RSS less what the budget's parts held then.
 
     python scripts/soak_sessions.py --requests 600 --json bench-out/soak.json
 """
@@ -83,6 +85,9 @@ def request(i: int, rng: random.Random, conversation: list[dict]) -> tuple[dict,
     drafter = "model" if i % 2 else "lookup"
     body = {"max_tokens": ARGS.max_tokens, "temperature": 0,
             "speculative": {"drafter": drafter, "num_draft": "auto"}}
+    if i == 0:  # most of the context (about 15 tokens a line here)
+        return dict(body, messages=[{"role": "user", "content": " ".join(
+            f"line {n}: value = compute({n}, cache)" for n in range(ARGS.ctx // 20))}]), False
     if rng.random() < 0.3:  # a side request: another prompt, made of the conversation's text
         return dict(body, messages=[
             {"role": "system", "content": "Summarize this conversation in one line."},

@@ -147,3 +147,13 @@ def test_ngl_on_a_build_without_gpu_offload_says_so_and_adds_no_draft_model(smol
     assert not on_accelerator(args)
     mlx_args = argparse.Namespace(model=str(smollm2_path), backend="mlx", n_gpu_layers=0)
     assert on_accelerator(mlx_args) == on_apple_silicon()
+
+
+def test_version_names_edgespec_and_the_packages_that_run_models():
+    from importlib.metadata import version
+
+    from edgespec import __version__
+    out = edgespec("--version")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().startswith(f"edgespec {__version__} (")
+    assert f"llama-cpp-python {version('llama-cpp-python')}" in out.stdout and "mlx " in out.stdout

@@ -216,7 +216,10 @@ class Server:
             try:
                 job = self.jobs.get(timeout=self.idle_seconds if planners.pending else None)
             except queue.Empty:  # idle
-                planners.time_pending(self.engine.target_cache)
+                try:
+                    planners.time_pending(self.engine.target_cache)
+                except Exception as exc:  # noqa: BLE001 - auto mode goes on from what it has
+                    log.warning("timing a drafter while idle failed (%s: %s)", type(exc).__name__, exc)
                 self.timed_while_idle.set()
                 continue
             if job is None:
