@@ -82,7 +82,7 @@ def draft_for(model: str, folder: Path) -> str:
 
 def request(i: int, rng: random.Random, conversation: list[dict]) -> tuple[dict, bool]:
     """The i-th request's body, and whether its reply continues the conversation."""
-    drafter = "model" if i % 2 else "lookup"
+    drafter = "model" if i % 2 or i == 0 else "lookup"  # (the first fills both models' caches)
     body = {"max_tokens": ARGS.max_tokens, "temperature": 0,
             "speculative": {"drafter": drafter, "num_draft": "auto"}}
     if i == 0:  # most of the context (about 15 tokens a line here)

@@ -254,7 +254,8 @@ class _Version(argparse.Action):
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **options)
 
     def __call__(self, parser, namespace, values, option_string=None):
-        parser.exit(0, versions() + "\n")
+        print(versions())  # (on stdout, as argparse's own --version)
+        parser.exit(0)
 
 
 def versions() -> str:

@@ -132,7 +132,6 @@ class PromptCache:
         self._stats = PromptCacheStats()
         self._holders: weakref.WeakSet = weakref.WeakSet()  # drafters whose memory counts here
         self._others: dict[str, int] = {}  # their bytes by part, as last measured
-        self._dropped = self._trimmed_at = 0  # drafters' pieces dropped; drops when last trimmed
 
     @property
     def enabled(self) -> bool:
@@ -263,13 +262,9 @@ class PromptCache:
                 self._spill([state])
             elif holder is not None:
                 holder.drop_oldest_memory()
-                self._dropped += 1
             else:
                 break  # (only the live conversations' memory is left)
-        dropped = self._dropped + self._stats.evictions
-        if dropped != self._trimmed_at:  # states or indexes went since the last time: the
-            self._trimmed_at = dropped  # holes they left in the heap go back (host_memory)
-            give_back()
+        give_back()  # what went since the last time left holes in the heap (host_memory)
 
     def memory(self) -> dict[str, int]:
         """Bytes held by part: ``prompt_states`` here, and the drafters' (as last
