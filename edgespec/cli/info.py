@@ -7,6 +7,7 @@ user runs when something does not work.
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata
 import os
 import platform
@@ -102,3 +103,29 @@ def print_report() -> None:
     width = max(len(label) for label, _ in rows)
     for label, value in rows:
         print(f"{label.ljust(width)}  {value}")
+
+
+class VersionAction(argparse.Action):
+    """``--version``: the versions, looked up only when asked for."""
+
+    def __init__(self, option_strings, dest, **options):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **options)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(versions())  # (on stdout, as argparse's own --version)
+        parser.exit(0)
+
+
+def versions() -> str:
+    """``edgespec 0.1.0 (llama-cpp-python 0.3.36, mlx 0.29.3)``: the packages that run
+    the models, as installed (``not installed`` where one is not)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from .. import __version__
+    found = []
+    for package in ("llama-cpp-python", "mlx"):
+        try:
+            found.append(f"{package} {version(package)}")
+        except PackageNotFoundError:
+            found.append(f"{package} not installed")
+    return f"edgespec {__version__} ({', '.join(found)})"

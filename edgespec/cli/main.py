@@ -9,6 +9,7 @@ import sys
 import threading
 from pathlib import Path
 
+from .info import VersionAction
 from .options import (BACKENDS, BackendOptions, add_model_options, add_rpc_option, build_engine,
                           sampling_params, writable)
 from ..drafters.registry import runs_no_model
@@ -247,32 +248,6 @@ def cmd_models_fetch(args) -> int:
 # -- entry point ---------------------------------------------------------------------
 
 
-class _Version(argparse.Action):
-    """``--version``: the versions, looked up only when asked for."""
-
-    def __init__(self, option_strings, dest, **options):
-        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **options)
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        print(versions())  # (on stdout, as argparse's own --version)
-        parser.exit(0)
-
-
-def versions() -> str:
-    """``edgespec 0.1.0 (llama-cpp-python 0.3.36, mlx 0.29.3)``: the packages that run
-    the models, as installed (``not installed`` where one is not)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    from .. import __version__
-    found = []
-    for package in ("llama-cpp-python", "mlx"):
-        try:
-            found.append(f"{package} {version(package)}")
-        except PackageNotFoundError:
-            found.append(f"{package} not installed")
-    return f"edgespec {__version__} ({', '.join(found)})"
-
-
 class _Parser(argparse.ArgumentParser):
     """argparse, with usage errors on one line like every other edgespec error."""
 
@@ -283,7 +258,7 @@ class _Parser(argparse.ArgumentParser):
 def make_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="edgespec", description="Exact speculative decoding for local LLM chat.")
-    parser.add_argument("--version", action=_Version,
+    parser.add_argument("--version", action=VersionAction,
                         help="edgespec's version, and llama-cpp-python's and MLX's")
     commands = parser.add_subparsers(dest="command", required=True)
 
