@@ -142,7 +142,7 @@ class PromptCache:
         """A copy of the counters, with what is held now."""
         with self._lock:
             s = PromptCacheStats(**vars(self._stats))
-            s.bytes, s.entries = sum(e.nbytes for e in self._saved), len(self._saved)
+            s.bytes, s.entries = self._held(), len(self._saved)
             if self.disk is not None:
                 s.disk_refused, s.disk_bytes = self.disk.refused, self.disk.size()
             return s
@@ -218,7 +218,7 @@ class PromptCache:
             self._saved = [e for e in self._saved if not (
                 e.model == model and len(e.tokens) <= len(entry.tokens) and e.usable <= entry.usable
                 and common_prefix_length(e.tokens, entry.tokens) == len(e.tokens))]
-            held = sum(e.nbytes for e in self._saved)
+            held = self._held()
             self._saved.sort(key=lambda e: e.used)
             evicted = []
             while self._saved and held + nbytes > room:
@@ -249,13 +249,13 @@ class PromptCache:
                     others[part] = others.get(part, 0) + n
             self._others = others
             with self._lock:
-                held = sum(e.nbytes for e in self._saved)
+                held = self._held()
                 state = min(self._saved, key=lambda e: e.used, default=None)
             if held + sum(others.values()) <= self.budget:
                 break
             dated = [(h.oldest_memory(), i, h) for i, h in enumerate(self._holders)]
-            _, _, holder = min([d for d in dated if d[0] is not None], default=(None, 0, None))
-            if state is not None and (holder is None or state.used_at <= holder.oldest_memory()):
+            when, _, holder = min([d for d in dated if d[0] is not None], default=(None, 0, None))
+            if state is not None and (holder is None or state.used_at <= when):
                 with self._lock:
                     self._saved.remove(state)
                     self._stats.evictions += 1
@@ -270,8 +270,11 @@ class PromptCache:
         """Bytes held by part: ``prompt_states`` here, and the drafters' (as last
         measured by :meth:`settle`)."""
         with self._lock:
-            held = sum(e.nbytes for e in self._saved)
-        return {"prompt_states": held, **self._others}
+            return {"prompt_states": self._held(), **self._others}
+
+    def _held(self) -> int:
+        """Bytes of the states in RAM (called with the lock held)."""
+        return sum(e.nbytes for e in self._saved)
 
     def flush(self, live: Sequence = ()) -> int:
         """With a folder: save what the ``live`` caches hold (``CachedModel``s: the
