@@ -444,13 +444,17 @@ def test_regenerate_and_edit_keep_both_versions(session):
 
 
 @pytest.mark.browser
-def test_settings_are_sent_and_the_server_uses_them(session):
+def test_settings_are_sent_and_the_server_uses_them(session, monkeypatch):
     page, served = session["page"], session["served"]
     new_chat(page)
     set_settings(page, system="You answer in one short sentence.", temperature=0.5, top_p=0.9,
                  top_k=20, min_p=0.05, max_tokens=12, seed=7, drafter="lookup", num_draft=3)
     before = len(served.finished)
+    asked = []  # what the server asked of the engine (which runs as ever)
+    chat = served.engine.chat
+    monkeypatch.setattr(served.engine, "chat", lambda *a, **kw: asked.append(kw) or chat(*a, **kw))
     send(page, "What is the sea?")
+    monkeypatch.undo()
     body, chunks = served.recorder.last()
     assert body["messages"][0] == {"role": "system", "content": "You answer in one short sentence."}
     assert {k: body[k] for k in ("temperature", "top_p", "top_k", "min_p", "max_tokens", "seed")} == \
@@ -459,7 +463,10 @@ def test_settings_are_sent_and_the_server_uses_them(session):
     # What the server did with them: lookup at k = 3, no more than 12 tokens.
     reason, stats = served.finished[before]
     assert stats.drafter == "lookup" and stats.generated_tokens <= 12
-    assert served.engine.num_draft == 3 and served.engine.drafter.name == "lookup"
+    assert len(stats.drafted_per_position) <= 3
+    assert asked[-1]["num_draft"] == 3 and asked[-1]["drafter"].name == "lookup"
+    # ... for this request only: the engine's own settings stay as they were.
+    assert served.engine.num_draft == 4 and served.engine.drafter is served.app.state.server.drafters.model
     assert chunks[-1]["timings"]["drafter"] == "lookup"
     set_settings(page, system="", temperature="", top_p="", top_k="", min_p="", max_tokens=SHORT,
                  seed="", drafter="", num_draft="")
