@@ -14,6 +14,7 @@ from .core.prompt_cache import PromptCache, default_budget_mib
 from .core.prompt_disk import PromptDisk
 from .core.prompt_disk import default_budget_mib as disk_budget_mib
 from .errors import EdgespecError
+from .models.arguments import pick_backend
 from .models.loading import BackendOptions, load_backend, load_drafter
 from .planner import AutoPlanners
 
@@ -27,7 +28,9 @@ def load(model: str | os.PathLike, draft: str | os.PathLike | None = None, backe
          rpc: str | Sequence[str] | None = None, draft_rpc: str | Sequence[str] | None = None,
          kernels: str | None = None, cache_ram: int | None = None,
          cache_reuse: int = 0, cache_dir: str | os.PathLike | None = None,
-         cache_disk: int | None = None) -> Engine:
+         cache_disk: int | None = None, n_batch: int = 512, n_ubatch: int | None = None,
+         type_k: str | None = None, type_v: str | None = None, use_mmap: bool = True,
+         chat_template: str | None = None, draft_min: int = 0) -> Engine:
     """Load a target model (and optionally a drafter) and return an :class:`Engine`.
 
     ``model``/``draft``: a .gguf path, a name from ``edgespec models list``, an
@@ -62,6 +65,12 @@ def load(model: str | os.PathLike, draft: str | os.PathLike | None = None, backe
     conversation's prompt instead of evaluating it (None, the default: no folder).
     ``cache_disk``: its budget in MiB (None: ``$EDGESPEC_CACHE_DISK``, else 4096; 0: off).
     Several processes may share one folder.
+    llama.cpp's context settings, for the target (the draft model takes the batch sizes
+    and ``use_mmap`` too): ``n_batch``/``n_ubatch`` (-b/-ub), ``type_k``/``type_v``
+    (-ctk/-ctv: f16, q8_0, ...; None: f16), ``use_mmap=False`` (--no-mmap).
+    ``chat_template``: a name (``chatml``, ``llama3``, ...) or a Jinja template used
+    instead of the model's own (--chat-template). ``draft_min``: a draft shorter than
+    this is not verified (--draft-min; 0, the default: any).
     Raises :class:`~edgespec.errors.EdgespecError` with a readable reason on
     bad input (missing file, incompatible drafter, ...).
     """
@@ -79,21 +88,27 @@ def load(model: str | os.PathLike, draft: str | os.PathLike | None = None, backe
         PromptDisk(cache_dir, (disk_budget_mib() if cache_disk is None else cache_disk) * 2**20)
     prompt_cache = PromptCache((default_budget_mib() if cache_ram is None else cache_ram) * 2**20,
                                shift_min=cache_reuse, disk=disk)
+    if not isinstance(draft_min, int) or draft_min < 0:
+        raise EdgespecError(f"invalid --draft-min {draft_min!r}: an integer >= 0 (0: any draft)")
     options = BackendOptions(backend=backend, n_ctx=n_ctx, n_threads=n_threads,
                              n_gpu_layers=n_gpu_layers, flash_attn=flash_attn,
-                             mlx_quantize=mlx_quantize, fetch=fetch, rpc=rpc or (), kernels=kernels)
+                             mlx_quantize=mlx_quantize, fetch=fetch, rpc=rpc or (), kernels=kernels,
+                             n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k, type_v=type_v,
+                             use_mmap=use_mmap, chat_template=chat_template)
     target = load_backend(model, options)
     try:
         draft_options = replace(
             options, backend=draft_backend or backend,
             n_threads=n_threads if draft_n_threads is None else draft_n_threads,
             n_gpu_layers=n_gpu_layers if draft_n_gpu_layers is None else draft_n_gpu_layers,
-            rpc=draft_rpc or (), kernels="fast")
+            rpc=draft_rpc or (), kernels="fast", type_k=None, type_v=None, chat_template=None)
+        if draft is not None and pick_backend(draft, draft_options.backend) == "mlx":
+            draft_options = replace(draft_options, n_batch=512, n_ubatch=None, use_mmap=True)
         # A stop the user chose is the draft model's own, in every mode (auto mode keeps
         # it); otherwise auto mode learns where to stop. The engine checks the pair first,
         # then (in auto mode) times it, the first time, through the caches it generates with.
         drafter = load_drafter(draft, draft_options, min_confidence=draft_p_min)
-        return Engine(target, drafter, num_draft=num_draft, planners=AutoPlanners(),
+        return Engine(target, drafter, num_draft=num_draft, planners=AutoPlanners(min_draft=draft_min),
                       prompt_cache=prompt_cache)
     except BaseException:
         target.close()

@@ -22,6 +22,7 @@ from .core.generation import Chunk, PromptProgress
 from .errors import EdgespecError
 from .core.prompting import chat_prompt_ids
 from .core.sampling import SamplingParams
+from .core.shaping import Shaping
 from .core.stats import GenerationStats
 
 TRANSCRIPT_VERSION = 1
@@ -56,6 +57,8 @@ class ChatSession:
     last: TurnResult | None = None
     # Told how far the processing of each prompt has come (Engine.stream's ``progress``).
     progress: Callable[[PromptProgress], None] | None = None
+    stop: tuple[str, ...] = ()    # a reply ends before the first of these strings
+    shaping: Shaping | None = None  # penalties or a grammar, on every reply
 
     def conversation(self) -> list[dict]:
         """The messages as the template sees them (system message first)."""
@@ -85,7 +88,8 @@ class ChatSession:
         final: Chunk | None = None
         try:
             for chunk in self.engine.stream(prompt_ids, self.params, max_tokens=self.max_tokens,
-                                            speculative=self.speculative, progress=self.progress):
+                                            speculative=self.speculative, progress=self.progress,
+                                            stop=self.stop, shaping=self.shaping):
                 pieces.append(chunk.text)
                 if chunk.finish_reason is not None:
                     final = chunk

@@ -110,9 +110,18 @@ class GGUFTokenizer:
             n = llama.llama_token_to_piece(vocab, token_id, buffer, -n, 0, True)
         return buffer.raw[:n]
 
+    template: str | None = None  # --chat-template: used instead of the file's own
+
+    def use_chat_template(self, template: str) -> None:
+        """Render chats with ``template`` (Jinja) instead of the file's own."""
+        self.template = template
+
     def chat_template(self) -> str | None:
-        """The Jinja chat template stored in the GGUF metadata, if any."""
+        """The Jinja chat template in use: ``--chat-template``'s, else the one stored in
+        the GGUF metadata, if any."""
         self._live()
+        if self.template is not None:
+            return self.template
         template = llama.llama_model_chat_template(self._model, None)
         return template.decode("utf-8") if template else None
 

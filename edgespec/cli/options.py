@@ -1,8 +1,8 @@
-"""The options every command that runs models shares, and the engine they describe."""
+"""What the command line's options (:mod:`.flags`) describe: the engine, sampling, shaping."""
 
 from __future__ import annotations
 
-import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -11,107 +11,36 @@ from ..core.prompt_disk import default_budget_mib as disk_budget_mib
 from ..core.prompt_disk import default_folder
 from ..errors import EdgespecError
 from ..drafters import registry
-from ..drafters.registry import drafter_help
-from ..models.loading import BACKENDS, BackendOptions
+from ..models.loading import BackendOptions
 
 
-def add_model_options(parser: argparse.ArgumentParser, *, model_required: bool = True) -> None:
-    """The options shared by every command that runs models (llama.cpp names)."""
-    parser.add_argument("-m", "--model", required=model_required,
-                        help="target model: a .gguf path, an MLX directory or Hub id, "
-                             "or a name from `edgespec models list`")
-    parser.add_argument("-d", "--draft", default=None,
-                        help="drafter: a draft model (path or name), or one that runs no model: "
-                             + drafter_help())
-    parser.add_argument("--backend", choices=BACKENDS, default="auto",
-                        help="auto: MLX on Apple Silicon, llama.cpp elsewhere")
-    parser.add_argument("--draft-backend", choices=BACKENDS, default=None,
-                        help="backend of the draft model (default: as --backend); mixed pairs work")
-    parser.add_argument("--temp", type=float, default=0.8, help="temperature; 0 = greedy")
-    parser.add_argument("--top-k", type=int, default=0, help="0 = off")
-    parser.add_argument("--top-p", type=float, default=1.0, help="1 = off")
-    parser.add_argument("--min-p", type=float, default=0.0, help="0 = off")
-    parser.add_argument("--seed", type=int, default=None,
-                        help="reproducible sampling: with a seed the text is the same whatever the "
-                             "drafter and k, or speculation off (--sampling)")
-    parser.add_argument("--sampling", choices=("exact", "invariant"), default=None,
-                        help="invariant: each token decided by noise keyed by the seed and its "
-                             "position (the default with --seed); exact: a draft model's own draws "
-                             "and the exact acceptance rule (the default without; a draft model's "
-                             "tokens are accepted a little more often)")
-    parser.add_argument("--num-draft", type=num_draft_arg, default="auto",
-                        help="tokens drafted per round (k), or 'auto' (default): choose the "
-                             "drafter and k each round from measured cost and acceptance")
-    parser.add_argument("--draft-p-min", type=float, default=None,
-                        help="the draft model stops below this top probability (default: "
-                             "learned from acceptance with --num-draft auto, else 0)")
-    parser.add_argument("--no-spec", action="store_true", help="plain decoding, no drafter")
-    parser.add_argument("-ngl", "--n-gpu-layers", type=int, default=0,
-                        help="layers to offload to the GPU (CUDA/Metal builds of llama.cpp)")
-    parser.add_argument("-ngld", "--n-gpu-layers-draft", type=int, default=None,
-                        help="the same for the draft model (default: as -ngl)")
-    add_rpc_option(parser)
-    parser.add_argument("--rpc-draft", default=None, metavar="HOST:PORT[,...]",
-                        help="rpc-server(s) for the draft model's layers (default: this machine)")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="CPU threads (default: physical cores)")
-    parser.add_argument("-td", "--threads-draft", type=int, default=None,
-                        help="CPU threads of the draft model (default: as --threads)")
-    parser.add_argument("--ctx", type=int, default=4096, help="context size in tokens")
-    parser.add_argument("--cache-ram", type=int, default=None, metavar="MiB",
-                        help="host RAM for saved prompts: a prompt that repeats an earlier "
-                             "conversation (a client's next edit after a side request) restores "
-                             "its KV state instead of evaluating it (0: off; default: 8192, or a "
-                             "quarter of the RAM if less)")
-    parser.add_argument("--cache-reuse", type=int, default=0, metavar="N",
-                        help="move cached chunks of at least N tokens that reappear after a "
-                             "divergence into place by KV shift, as llama-server's --cache-reuse "
-                             "(llama.cpp only; 0: off, the default). Not exact: the logits after "
-                             "a shifted chunk move far beyond rounding (docs/exactness.md); "
-                             "exact kernels ignore it")
-    parser.add_argument("--cache-dir", default=None, metavar="DIR",
-                        help="folder for saved prompts that outlive the process: a chat started "
-                             "again or a server restarted restores a conversation's prompt instead "
-                             "of evaluating it (default: $EDGESPEC_HOME/prompt-cache)")
-    parser.add_argument("--cache-disk", type=int, default=None, metavar="MiB",
-                        help="disk budget of --cache-dir, least recently used states removed past "
-                             "it (0: off; default: $EDGESPEC_CACHE_DISK, else 4096)")
-    parser.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto")
-    parser.add_argument("--kernels", choices=("exact", "fast"), default=None,
-                        help="'exact': verify passes that round as one-token steps (llama.cpp "
-                             "on the CPU, MLX where a probe at load finds they do), so "
-                             "speculative output is plain decoding's token for token "
-                             "(docs/exactness.md); 'fast' the fastest (default: "
-                             "$EDGESPEC_KERNELS, else fast)")
-    parser.add_argument("--mlx-quantize", choices=("4bit", "8bit", "none"), default="4bit",
-                        help="MLX: requantize GGUF tensors other than Q4_0/Q4_1/Q8_0 to this")
-
-
-def add_rpc_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--rpc", default=None, metavar="HOST:PORT[,...]",
-                        help="put the target's layers on these rpc-servers (llama.cpp's RPC "
-                             "backend; the draft model stays here); see `edgespec info`")
-
-
-def num_draft_arg(value: str) -> int | str:
-    """``--num-draft``: a positive integer or ``auto``."""
-    if value == "auto":
-        return value
-    try:
-        k = int(value)
-    except ValueError:
-        k = 0
-    if k < 1:
-        raise argparse.ArgumentTypeError(f"invalid --num-draft {value!r}: must be 'auto' or an integer >= 1")
-    return k
-
-
-def backend_options(args) -> BackendOptions:
-    """The backend options given on the command line."""
+def backend_options(args, **more) -> BackendOptions:
+    """The target's backend options given on the command line (and ``more``)."""
     return BackendOptions(backend=args.backend, n_ctx=args.ctx, n_threads=args.threads,
                           n_gpu_layers=args.n_gpu_layers,
                           flash_attn={"auto": None, "on": True, "off": False}[args.flash_attn],
-                          mlx_quantize=args.mlx_quantize, kernels=args.kernels)
+                          mlx_quantize=args.mlx_quantize, kernels=args.kernels,
+                          n_batch=args.n_batch, n_ubatch=args.n_ubatch, type_k=args.type_k,
+                          type_v=args.type_v, use_mmap=args.use_mmap,
+                          chat_template=chat_template(args), **more)
+
+
+def chat_template(args) -> str | None:
+    """``--chat-template`` (a name or Jinja), or ``--chat-template-file``'s text."""
+    if args.chat_template_file is None:
+        return args.chat_template
+    if args.chat_template is not None:
+        raise EdgespecError("--chat-template and --chat-template-file both give the template: use one")
+    return read_text(args.chat_template_file, "--chat-template-file")
+
+
+def read_text(path: str, flag: str) -> str:
+    """A text file a flag names, or a clear error."""
+    try:
+        return Path(path).expanduser().read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise EdgespecError(f"cannot read {flag} {path}: {why}") from None
 
 
 def sampling_params(args):
@@ -119,10 +48,54 @@ def sampling_params(args):
     from ..core.sampling import SamplingParams
     try:
         return SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
-                              min_p=args.min_p, seed=args.seed,
+                              min_p=args.min_p, typical_p=args.typical, seed=args.seed,
                               invariant=None if args.sampling is None else args.sampling == "invariant")
     except ValueError as exc:
         raise EdgespecError(f"{exc}") from None
+
+
+def penalties(args) -> dict:
+    """The penalties given on the command line (checked), by a request's field names."""
+    from ..core.shaping import Shaping
+    given = {"repeat_penalty": args.repeat_penalty, "repeat_last_n": args.repeat_last_n,
+             "presence_penalty": args.presence_penalty, "frequency_penalty": args.frequency_penalty}
+    try:
+        Shaping(**given)
+    except ValueError as exc:
+        raise EdgespecError(f"{exc}") from None
+    return given
+
+
+def shaping(args):
+    """What the penalties and the grammar (``--grammar``, ``--grammar-file`` or
+    ``--json-schema``) given change in the target's distribution; None: nothing."""
+    from ..core.grammar import Grammar
+    from ..core.shaping import Shaping
+    asked = [(flag, text) for flag, text in (
+        ("--grammar", args.grammar),
+        ("--grammar-file", None if args.grammar_file is None else read_text(args.grammar_file, "--grammar-file")),
+        ("--json-schema", args.json_schema)) if text is not None]
+    if len(asked) > 1:
+        raise EdgespecError(f"{asked[0][0]} and {asked[1][0]} each constrain the whole reply: use one")
+    given, rule = penalties(args), None
+    try:
+        if asked and asked[0][0] == "--json-schema":
+            rule = Grammar.json_schema(json_value(asked[0][1]))
+        elif asked:
+            rule = Grammar.gbnf(asked[0][1])
+    except ValueError as exc:
+        raise EdgespecError(f"invalid {asked[0][0]}: {exc}") from None
+    result = Shaping(rule=rule, **given)
+    return result if result.active else None
+
+
+def json_value(text: str):
+    """``--json-schema``'s JSON, or a clear error."""
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise EdgespecError(f"--json-schema is not valid JSON ({exc}): give a schema object, "
+                            f"e.g. '{{\"type\": \"object\"}}'") from None
 
 
 def on_accelerator(args) -> bool:
@@ -149,6 +122,11 @@ def build_engine(args, *, fetch: bool = False, disk: bool = True):
     from ..measure.profiles import load_profile
 
     o = backend_options(args)
+    if args.model_draft is not None:
+        if args.draft is not None and args.draft != args.model_draft:
+            raise EdgespecError(f"-d {args.draft} and -md {args.model_draft} both name the drafter: "
+                                f"give one (with a draft model, auto mode asks prompt lookup too)")
+        args.draft = args.model_draft
     if o.n_gpu_layers and pick_backend(args.model, args.backend) == "llama.cpp" and not _can_offload():
         print("(this llama-cpp-python build cannot offload to a GPU, so -ngl runs on the CPU; "
               "docs/gpu.md shows how to rebuild it with CUDA or Metal)", file=sys.stderr)
@@ -170,7 +148,9 @@ def build_engine(args, *, fetch: bool = False, disk: bool = True):
                 mlx_quantize=o.mlx_quantize, fetch=fetch, rpc=args.rpc, draft_rpc=args.rpc_draft,
                 kernels=o.kernels, cache_ram=args.cache_ram,
                 cache_reuse=args.cache_reuse, cache_dir=_cache_dir(args) if disk else None,
-                cache_disk=args.cache_disk)
+                cache_disk=args.cache_disk, n_batch=o.n_batch, n_ubatch=o.n_ubatch,
+                type_k=o.type_k, type_v=o.type_v, use_mmap=o.use_mmap,
+                chat_template=o.chat_template, draft_min=args.draft_min)
 
 
 def _cache_dir(args) -> str | None:

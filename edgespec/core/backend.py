@@ -89,6 +89,8 @@ class Backend(Protocol):
 
     def chat_template(self) -> str | None: ...  # its Jinja chat template (None: none)
 
+    def use_chat_template(self, template: str) -> None: ...  # render chats with this Jinja instead
+
     # The KV cache's contents as a copy in host memory (anything with ``nbytes``), or
     # None where the backend cannot save it; ``load_state`` puts such a copy back (the
     # cache then holds what it held when saved), or the bytes ``state_bytes`` made of one
@@ -143,6 +145,10 @@ class BackendFacts:
         """The model's Jinja chat template (None: it has none; ChatML is used)."""
         return None
 
+    def use_chat_template(self, template: str) -> None:
+        from ..errors import EdgespecError
+        raise EdgespecError(f"{self.name} renders its own prompts: it takes no chat template")
+
     state_key: str | None = None
 
     def save_state(self) -> object | None:
@@ -185,6 +191,10 @@ class TokenizerMethods:
     def chat_template(self) -> str | None:
         """The model's Jinja chat template (None: it has none; ChatML is used)."""
         return self.tokenizer.chat_template()
+
+    def use_chat_template(self, template: str) -> None:
+        """Render chats with ``template`` (Jinja) instead of the model's own (--chat-template)."""
+        self.tokenizer.use_chat_template(template)
 
 
 def check_token_ids(tokens: Sequence[int], vocab_size: int) -> None:

@@ -11,6 +11,47 @@ DEFAULT_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
+# llama.cpp's --chat-template names that edgespec knows, as Jinja (a model's own
+# template is what a GGUF file or an mlx-lm folder carries; these replace it).
+NAMED_TEMPLATES = {
+    "chatml": DEFAULT_TEMPLATE,
+    "llama3": (
+        "{{ bos_token }}{% for message in messages %}<|start_header_id|>{{ message['role'] }}"
+        "<|end_header_id|>\n\n{{ message['content'] | trim }}<|eot_id|>{% endfor %}"
+        "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"),
+    "gemma": (  # (no system role: a system message is a turn of the user's)
+        "{{ bos_token }}{% for message in messages %}<start_of_turn>"
+        "{{ 'model' if message['role'] == 'assistant' else 'user' }}\n"
+        "{{ message['content'] | trim }}<end_of_turn>\n{% endfor %}"
+        "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"),
+    "phi3": (
+        "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}<|end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"),
+    "zephyr": (
+        "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}{{ eos_token }}\n"
+        "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"),
+}
+
+
+def chat_template_from(value: str) -> str:
+    """``--chat-template``'s value as Jinja: a name of :data:`NAMED_TEMPLATES`, or a
+    Jinja template itself (as llama.cpp takes either); anything else is refused."""
+    from ..errors import EdgespecError
+    import jinja2
+
+    if value in NAMED_TEMPLATES:
+        return NAMED_TEMPLATES[value]
+    if "{{" not in value and "{%" not in value:
+        raise EdgespecError(f"unknown chat template {value!r}: give one of "
+                            f"{', '.join(NAMED_TEMPLATES)}, a Jinja template, or "
+                            f"--chat-template-file FILE")
+    try:
+        _bounded_sandbox(DEFAULT_MAX_CHARS).parse(value)
+    except jinja2.TemplateSyntaxError as exc:
+        raise EdgespecError(f"the chat template is not valid Jinja (line {exc.lineno}: {exc.message})") from None
+    return value
+
+
 def render_chat_template(template: str | None, messages: list[dict], *,
                          add_generation_prompt: bool = True, bos_token: str = "",
                          eos_token: str = "", max_chars: int | None = None,

@@ -145,6 +145,16 @@ class Grammar:
         import llguidance
         return cls(llguidance.grammar_from("lark", grammar), "grammar")
 
+    @classmethod
+    def gbnf(cls, grammar: str) -> "Grammar":
+        """Output that the GBNF grammar ``grammar`` (llama.cpp's) derives."""
+        from llguidance.gbnf_to_lark import gbnf_to_lark
+        try:
+            return cls.lark(gbnf_to_lark(grammar))
+        except Exception as exc:  # noqa: BLE001 - the converter's or llguidance's message, said plainly
+            why = (str(exc).strip() or type(exc).__name__).splitlines()[0]
+            raise ValueError(f"not a usable GBNF grammar ({why})") from None
+
     # -- a TokenRule --------------------------------------------------------------------
 
     def start(self, target) -> None:

@@ -109,13 +109,15 @@ class Planner(Protocol):
 
 
 class FixedPlanner:
-    """Always the same drafter and k (or plain decoding without a drafter)."""
+    """Always the same drafter and k (or plain decoding without a drafter); a draft
+    shorter than ``min_draft`` is not verified (llama.cpp's --draft-min)."""
 
-    def __init__(self, drafter: Drafter | None, num_draft: int):
+    def __init__(self, drafter: Drafter | None, num_draft: int, min_draft: int = 0):
         if not (isinstance(num_draft, int) and num_draft >= 1):
             raise ValueError(f"invalid num_draft={num_draft!r}: must be an integer >= 1 or 'auto'")
         self.drafter = drafter
         self.max_draft = num_draft
+        self.min_draft = min_draft
         self.wants_confidence = False
         self._asked = False
 
@@ -137,7 +139,8 @@ class FixedPlanner:
         return Proposal(self.drafter, min(limit, self.max_draft))
 
     def review(self, report: DraftReport) -> Proposal | None:
-        return Proposal(self.drafter, len(report.draft)) if report.draft.token_ids else None
+        n = len(report.draft)
+        return Proposal(self.drafter, n) if n and n >= self.min_draft else None
 
     def observe(self, result: RoundResult) -> None:
         self._asked = False

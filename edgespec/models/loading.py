@@ -27,6 +27,18 @@ class BackendOptions:
     mlx_quantize: str = "4bit"  # GGUF files with other than Q4_0/Q4_1/Q8_0 tensors, on MLX
     rpc: tuple[str, ...] = ()  # rpc-server endpoints for the model's layers (llama.cpp)
     kernels: str | None = None  # llama.cpp: "exact" or "fast" (backends/kernels.py; None: the default)
+    # llama.cpp only: the logical and physical batch (-b/-ub), the K/V cache types
+    # (-ctk/-ctv; None: f16) and whether the file is mapped (--no-mmap: read into memory).
+    n_batch: int = 512
+    n_ubatch: int | None = None
+    type_k: str | None = None
+    type_v: str | None = None
+    use_mmap: bool = True
+    chat_template: str | None = None  # --chat-template: Jinja used instead of the model's own
+
+    # What only llama.cpp reads, with the flag that sets it and the value that leaves it as is.
+    LLAMA_CPP_ONLY = (("n_batch", "-b", 512), ("n_ubatch", "-ub", None), ("type_k", "-ctk", None),
+                      ("type_v", "-ctv", None), ("use_mmap", "--no-mmap", True))
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -54,11 +66,26 @@ def load_backend(spec: str, options: BackendOptions, *, name: str | None = None)
     if kind == "llama.cpp":
         path = resolve_model(spec, fetch=options.fetch)
         from ..backends.llamacpp import LlamaCppBackend
-        return LlamaCppBackend(path, n_ctx=options.n_ctx, n_threads=options.n_threads,
-                               n_gpu_layers=options.n_gpu_layers, flash_attn=options.flash_attn,
-                               name=name or _display_name(spec), rpc=options.rpc,
-                               kernels=options.kernels)
-    return _load_mlx(spec, options, name=name or _display_name(spec))
+        backend = LlamaCppBackend(
+            path, n_ctx=options.n_ctx, n_threads=options.n_threads, n_gpu_layers=options.n_gpu_layers,
+            flash_attn=options.flash_attn, n_batch=options.n_batch, n_ubatch=options.n_ubatch,
+            type_k=options.type_k, type_v=options.type_v, use_mmap=options.use_mmap,
+            name=name or _display_name(spec), rpc=options.rpc, kernels=options.kernels)
+    else:
+        given = [flag for field, flag, unset in options.LLAMA_CPP_ONLY if getattr(options, field) != unset]
+        if given:
+            raise EdgespecError(f"{', '.join(given)} set llama.cpp's batch and cache, which MLX "
+                                f"does not have: leave {'them' if len(given) > 1 else 'it'} out "
+                                f"with an MLX model (or use --backend llama.cpp with a GGUF file)")
+        backend = _load_mlx(spec, options, name=name or _display_name(spec))
+    if options.chat_template is not None:
+        from ..core.chat_template import chat_template_from
+        try:
+            backend.use_chat_template(chat_template_from(options.chat_template))
+        except BaseException:
+            backend.close()
+            raise
+    return backend
 
 
 def _load_mlx(spec: str, options: BackendOptions, *, name: str) -> Backend:

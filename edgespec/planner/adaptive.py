@@ -64,6 +64,7 @@ class AdaptivePlanner:
         self.cost = cost or CostModel()
         self.config = config or PlannerConfig()
         self.max_draft = self.config.max_draft
+        self.min_draft = 0  # a shorter draft is not verified (--draft-min)
         self._kinds = {d.name: d.kind for d in self.drafters}
         # The target's confidence is a draft model's offer prior: over a 150k vocabulary
         # it costs a pass per committed token, so it is asked for only with one on offer.
@@ -154,11 +155,11 @@ class AdaptivePlanner:
         if not draft.token_ids:
             return None
         if draft.bucket is None:
-            return replace(proposal, num_draft=len(draft))
+            return replace(proposal, num_draft=len(draft)) if len(draft) >= self.min_draft else None
         key = f"{name}:{draft.bucket}"  # decide now that the kind of draft is known
         keep, probe, retry = self._decide(key, name, len(draft),
                                           draft.hold if self.config.copy_holds else None)
-        if not keep or (self.config.compare_drafters and self._better_later(self.best_k(key, name, keep)[1])):
+        if not keep or keep < self.min_draft or (self.config.compare_drafters and self._better_later(self.best_k(key, name, keep)[1])):
             return None
         return Proposal(proposal.drafter, keep, probe, retry=retry)
 

@@ -35,10 +35,12 @@ class AutoPlanners:
 
     ``config``: the tunables of every auto planner made (None: each its default, with a
     draft model's own stop kept); ``prior``: costs to start from instead of this pair's
-    cached ones (then nothing is saved)."""
+    cached ones (then nothing is saved); ``min_draft``: no planner verifies a shorter
+    draft (--draft-min)."""
 
-    def __init__(self, config: PlannerConfig | None = None, *, prior: dict | None = None):
-        self.config, self.prior = config, prior
+    def __init__(self, config: PlannerConfig | None = None, *, prior: dict | None = None,
+                 min_draft: int = 0):
+        self.config, self.prior, self.min_draft = config, prior, min_draft
         self._auto: dict[int, tuple[Drafter | None, AdaptivePlanner]] = {}
         # A server's: a planner made inside a request is not timed there (a calibration
         # costs seconds and its own passes through the target's cache); it starts from
@@ -51,11 +53,12 @@ class AutoPlanners:
         """The planner for ``drafter`` at ``num_draft`` (k, or ``"auto"``)."""
         check_num_draft(num_draft)
         if num_draft != AUTO:
-            return FixedPlanner(drafter, num_draft)
+            return FixedPlanner(drafter, num_draft, self.min_draft)
         kept = self._auto.get(id(drafter))
         if kept is not None and kept[0] is drafter:
             return kept[1]
         planner = auto_planner(target, drafter, self.config, prior=self.prior, calibrate=not self.defer)
+        planner.min_draft = self.min_draft
         if self.defer:
             self._pending.append((drafter, planner))
         else:

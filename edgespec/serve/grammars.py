@@ -18,12 +18,10 @@ def gbnf(text) -> Grammar | None:
         return None
     if not isinstance(text, str):
         raise invalid("must be a GBNF grammar (a string)")
-    from llguidance.gbnf_to_lark import gbnf_to_lark
     try:
-        return Grammar.lark(gbnf_to_lark(text))
-    except Exception as exc:  # noqa: BLE001 - the converter's or llguidance's message, said plainly
-        why = (str(exc).strip() or type(exc).__name__).splitlines()[0]
-        raise invalid(f"is not a usable GBNF grammar ({why})") from None
+        return Grammar.gbnf(text)
+    except ValueError as exc:
+        raise invalid(f"is {exc}") from None
 
 
 def json_schema(schema) -> Grammar | None:

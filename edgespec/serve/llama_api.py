@@ -75,9 +75,10 @@ class NativeCompletion(CompletionBody, _Native):
         """``n_probs``: each token's logprob and this many alternatives (0: none)."""
         return self.n_probs or super().asked_logprobs()
 
-    def request(self, defaults: SamplingParams) -> Request:
-        """What this body asks for, sampling left unset taken from ``defaults``."""
-        request = super().request(defaults)
+    def request(self, defaults: SamplingParams, penalties: dict | None = None) -> Request:
+        """What this body asks for, sampling and penalties left unset taken from the
+        server's ``defaults`` and ``penalties``."""
+        request = super().request(defaults, penalties)
         if self.n_predict is not None:
             request.max_tokens = None if self.n_predict == -1 else self.n_predict
         return request

@@ -44,7 +44,7 @@ def add_native_routes(api, server) -> None:
     @api.post("/completion")
     @api.post("/completions")
     async def completion(native: NativeCompletion = body(NativeCompletion, NATIVE, vocab_size=vocab_size)):
-        request, return_tokens = native.request(settings.defaults), native.return_tokens
+        request, return_tokens = native.request(settings.defaults, settings.penalties), native.return_tokens
         generation = llama_api.generation_settings(
             request, request.drafter or server.drafters.default, request.num_draft or settings.num_draft)
         probs = (lambda entries: llama_api.probabilities(entries, target.token_bytes)) \

@@ -217,10 +217,12 @@ class _Shared(BaseModel):
         """How many alternatives each token's logprobs list; None: no logprobs."""
         return (self.top_logprobs or 0) if self.logprobs else None
 
-    def request(self, defaults: SamplingParams) -> Request:
-        """What this body asks for, sampling left unset taken from ``defaults``."""
+    def request(self, defaults: SamplingParams, penalties: dict | None = None) -> Request:
+        """What this body asks for, sampling left unset taken from ``defaults`` and
+        penalties left unset from ``penalties`` (the server's, by field name)."""
         sampling = {name: getattr(self, name) for name in SAMPLING if getattr(self, name) is not None}
-        penalties = {name: getattr(self, name) for name in PENALTIES}
+        penalties = {name: getattr(self, name) if name in self.model_fields_set or not penalties
+                     else penalties.get(name, getattr(self, name)) for name in PENALTIES}
         params, penalties = sampler_order.in_order(self.samplers, defaults.with_(**sampling), penalties)
         shaping = Shaping(self.logit_bias, rule=self.response_format, **penalties)
         extras = Extras(shaping if shaping.active else None, self.asked_logprobs(), self.tools,

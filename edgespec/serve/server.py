@@ -62,6 +62,7 @@ class ServerSettings:
     api_key: str | None = None
     queue_size: int = DEFAULT_QUEUE
     access: Access = field(default_factory=Access)  # the bound address, hosts and origins let in
+    penalties: dict = field(default_factory=dict)  # a request's unset penalties, by field name
 
 
 class Turns:
@@ -285,11 +286,11 @@ def create_app(engine: Engine, settings: ServerSettings, *, worker_thread: bool 
 
     @api.post("/v1/chat/completions")
     async def chat_completions(chat: ChatBody = body(ChatBody, CHAT, vocab_size=vocab_size)):
-        return await complete(chat.request(settings.defaults))
+        return await complete(chat.request(settings.defaults, settings.penalties))
 
     @api.post("/v1/completions")
     async def completions(completion: CompletionBody = body(CompletionBody, COMPLETIONS, vocab_size=vocab_size)):
-        return await complete(completion.request(settings.defaults))
+        return await complete(completion.request(settings.defaults, settings.penalties))
 
     @api.get("/v1/models")
     async def models():
