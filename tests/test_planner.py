@@ -136,6 +136,27 @@ def test_a_copy_in_progress_is_verified_far_and_a_coincidence_not_at_all():
     assert verified("match2") == 0
 
 
+def test_no_planner_verifies_a_draft_shorter_than_draft_min():
+    """--draft-min: a fixed k and auto mode alike leave a shorter draft unverified."""
+    from edgespec.core.planner import FixedPlanner
+    lookup = PromptLookup()
+    auto = AdaptivePlanner([lookup], CostModel(), PlannerConfig(optimism=0.0))
+    for n in (1, 1, 1, 2, 5, 9):  # cheap passes: plain steps of 1 s, v(n) = 1 + 0.05 (n - 1)
+        auto.observe(RoundResult(None, None, 0, 0, n, 1 + 0.05 * (n - 1), np.ones(1)))
+    for _ in range(100):  # (a copy of this kind is always accepted: worth verifying)
+        auto.tracker("lookup:match8").update(8, 8)
+
+    def verified(planner, n):
+        report = DraftReport(Proposal(lookup, 8), Draft(list(range(n)), None, "match8"), 0, 0.0, 0.0)
+        result = planner.review(report)
+        return 0 if result is None else result.num_draft
+
+    assert verified(FixedPlanner(lookup, 8), 2) == 2 and verified(auto, 2) == 2
+    fixed, auto.min_draft = FixedPlanner(lookup, 8, min_draft=3), 3
+    assert verified(fixed, 2) == 0 and verified(fixed, 3) == 3
+    assert verified(auto, 2) == 0 and verified(auto, 8) >= 3
+
+
 @pytest.mark.parametrize("batch_grows, drafter_cost", [(0.05, 0.1), (1.0, 0.9)],
                          ids=["speculation-pays", "speculation-loses"])
 def test_auto_greedy_equals_plain_and_speculates_only_where_it_pays(batch_grows, drafter_cost):

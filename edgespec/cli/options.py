@@ -62,7 +62,10 @@ def penalties(args) -> dict:
     try:
         Shaping(**given)
     except ValueError as exc:
-        raise EdgespecError(f"{exc}") from None
+        message = str(exc)
+        for name in given:  # (say the flag, not the field)
+            message = message.replace(f"{name}=", f"--{name.replace('_', '-')} ")
+        raise EdgespecError(message) from None
     return given
 
 
