@@ -333,3 +333,17 @@ def test_parallel_tool_calls_false_keeps_a_replys_first_call():
     assert len(reply_calls(text, Extras(tools=tools))[1]) == 2
     content, calls = reply_calls(text, Extras(tools=tools, parallel_tool_calls=False))
     assert content is None and [json.loads(c["function"]["arguments"])["city"] for c in calls] == ["Paris"]
+
+
+@pytest.mark.parametrize("route", list(ROUTE_PATHS))
+def test_the_servers_penalties_fill_what_a_request_leaves_unset(route):
+    """`edgespec serve --repeat-penalty 1.2 --presence-penalty 0.5`: a request's defaults;
+    a request that sets one keeps its own (0 included)."""
+    from edgespec.core.sampling import SamplingParams
+    served = {"repeat_penalty": 1.2, "presence_penalty": 0.5, "frequency_penalty": 0.0, "repeat_last_n": 32}
+    body = MODELS[route].model_validate({**minimal(route), "presence_penalty": 0},
+                                        context={"vocab_size": 100})
+    shaping = body.request(SamplingParams(), served).extras.shaping
+    assert (shaping.repeat_penalty, shaping.repeat_last_n, shaping.presence_penalty) == (1.2, 32, 0)
+    plain = MODELS[route].model_validate(minimal(route), context={"vocab_size": 100}).request(SamplingParams())
+    assert plain.extras.shaping is None
