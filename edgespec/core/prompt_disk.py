@@ -201,9 +201,17 @@ class PromptDisk:
         name = f"{_hash(_model_part(key))[:12]}-{_hash(key)[:12]}-{_hash(tokens)[:16]}{SUFFIX}"
         part = self.folder / f".{name}.{os.getpid()}.{os.urandom(4).hex()}{PARTIAL}"
         try:
-            with open(part, "wb") as f:
-                if fcntl is not None:  # held while it is written: a part file nobody holds is a dead writer's
-                    fcntl.flock(f, fcntl.LOCK_EX)
+            # Made and locked under the folder's lock, where another process's eviction
+            # looks: a part file nobody holds is a dead writer's, never one just opened.
+            with self._locked():
+                f = open(part, "wb")
+                try:
+                    if fcntl is not None:  # held while it is written
+                        fcntl.flock(f, fcntl.LOCK_EX)
+                except OSError:
+                    f.close()
+                    raise
+            with f:
                 f.write(MAGIC + struct.pack("<I", len(header)) + header)
                 f.write(memoryview(state))
                 with self._locked():
