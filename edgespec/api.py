@@ -77,7 +77,7 @@ def load(model: str | os.PathLike, draft: str | os.PathLike | None = None, backe
     model = os.fspath(model)  # a pathlib.Path will do as well as a string
     draft = None if draft is None else os.fspath(draft)
     if draft_n_threads is not None and draft_n_threads < 1:
-        raise EdgespecError(f"invalid --threads-draft {draft_n_threads}: must be >= 1")
+        raise EdgespecError(f"invalid -td {draft_n_threads}: must be >= 1")
     if cache_ram is not None and (not isinstance(cache_ram, int) or cache_ram < 0):
         raise EdgespecError(f"invalid --cache-ram {cache_ram!r}: MiB, an integer >= 0 (0 turns it off)")
     if not isinstance(cache_reuse, int) or cache_reuse < 0:

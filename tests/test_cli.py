@@ -82,7 +82,7 @@ def test_unknown_model_name():
 
 
 @pytest.mark.parametrize("flag, value, field", [
-    ("--temp", "-1", "temperature"), ("--top-p", "0", "top_p"), ("--min-p", "2", "min_p"),
+    ("--temp", "-1", "invalid --temp"), ("--top-p", "0", "invalid --top-p"), ("--min-p", "2", "invalid --min-p"),
     ("--num-draft", "0", "num-draft"),
 ])
 def test_invalid_sampling_values(smollm2_path, flag, value, field):
@@ -123,7 +123,7 @@ def test_draft_model_threads_are_its_own(smollm2_path):
     finally:
         engine.close()
     assert_one_line_error(edgespec("generate", "-m", smollm2_path, "-d", smollm2_path, "-p", "hi",
-                                   "--threads-draft", "0"), "--threads-draft")
+                                   "--threads-draft", "0"), "invalid -td 0")
 
 
 def test_bench_output_into_a_missing_folder_fails_before_the_sweep(tmp_path):

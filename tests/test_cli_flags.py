@@ -83,7 +83,8 @@ def test_a_json_schema_decides_the_reply(smollm2_path):
     schema = '{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]}'
     out = generate(smollm2_path, "-p", "Give a JSON object with a number a.", "-n", 48, "--temp", 0,
                    "--json-schema", schema)
-    assert isinstance(json.loads(out["text"])["a"], int)
+    reply = json.loads(out["text"])
+    assert isinstance(reply["a"], int) and set(reply) == {"a"}  # (closed, as llama.cpp's schemas)
 
 
 def expected_prompt_tokens(model_path, template: str, messages) -> int:
@@ -171,6 +172,41 @@ def test_bad_flag_values_get_one_line_naming_them(smollm2_path, args, fragment):
     lines = result.stderr.strip().splitlines()
     assert result.returncode != 0 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
     assert fragment in lines[0]
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (("--raw", "-sys", "x"), "--raw sends the prompt as is"),
+    (("--no-spec", "-d", "lookup"), "--no-spec decodes plainly"),
+    (("-d", "none", "--draft-max", "3"), "there is none"),
+    (("--draft-p-min", "0.5", "-td", "3"), "--draft-p-min, -td set the draft model"),
+    (("-ctk", "q8_0", "-ctv", "q8_0", "-fa", "off"), "needs flash attention: use -fa on or auto"),
+    (("-n", "0"), "invalid -n 0"),
+    (("--temp", "-1"), "invalid --temp -1.0"),
+    (("-s", "-2"), "invalid -s -2"),
+])
+def test_flags_that_cannot_all_hold_are_refused_not_ignored(smollm2_path, args, fragment):
+    result = edgespec("generate", "-m", smollm2_path, "-p", "hi", "--cache-disk", 0, *args)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1 and fragment in lines[0], result.stderr
+
+
+@pytest.mark.parametrize("command, glued", [
+    ("generate", "-mli"), ("serve", "-n"), ("serve", "-sys"), ("verify", "-n"), ("bench", "-md"),
+])
+def test_a_flag_a_command_lacks_is_not_read_as_another(command, glued):
+    # argparse would read -mli as -m li, -n as a prefix of -ngl, -sys as -s ys.
+    needed = {"generate": ["-p", "hi"], "bench": ["-d", "lookup"]}.get(command, [])
+    result = edgespec(command, "-m", "model.gguf", *needed, glued, "10")
+    assert result.returncode == 2
+    assert f"unrecognized arguments: {glued} 10 (see `edgespec {command} --help`)" in result.stderr
+
+
+def test_llama_cpp_minus_one_values_mean_what_they_mean_there(smollm2_path):
+    # -n -1: until the context is full (or an end token); -s -1: a new seed; --repeat-last-n
+    # -1: the whole context.
+    out = generate(smollm2_path, "-p", "Say hi.", "-c", 256, "-n", -1, "-s", -1, "--repeat-last-n", -1,
+                   "--repeat-penalty", 1.1)
+    assert out["finish_reason"] in ("stop", "length") and out["text"].strip()
 
 
 def test_exact_kernels_refuse_a_cache_type_they_cannot_keep(smollm2_path):

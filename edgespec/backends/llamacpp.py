@@ -69,8 +69,12 @@ class LlamaCppBackend(TokenizerMethods, BackendFacts, HostVerify):
             flash_attn, kv_cache_type = True, EXACT_KV_CACHE
             type_k = type_v = None
         type_k, type_v = cache_type(type_k or kv_cache_type, "-ctk"), cache_type(type_v or kv_cache_type, "-ctv")
-        if n_batch < 1 or (n_ubatch is not None and n_ubatch < 1):
-            raise EdgespecError(f"invalid batch size (-b {n_batch}, -ub {n_ubatch}): must be >= 1")
+        for flag, size in (("-b", n_batch), ("-ub", n_ubatch)):
+            if size is not None and size < 1:
+                raise EdgespecError(f"invalid {flag} {size}: a batch holds at least 1 token")
+        if type_v not in ("f32", "f16", "bf16") and flash_attn is False:
+            raise EdgespecError(f"-ctv {type_v} (a quantized V cache) needs flash attention: "
+                                f"use -fa on or auto")
 
         self._model = load_model(path, n_gpu_layers=n_gpu_layers, rpc=self.rpc, use_mmap=use_mmap)
         self.tokenizer = GGUFTokenizer(self._model)

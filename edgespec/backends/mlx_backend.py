@@ -292,7 +292,7 @@ class HFTokenizer:
             return self.hf.apply_chat_template(messages, tokenize=False, tools=tools,
                                                add_generation_prompt=add_generation_prompt)
         except Exception as exc:  # the template is the model's code: whatever it raises
-            raise EdgespecError(f"the model's chat template failed on these messages "
+            raise EdgespecError(f"the chat template (the model's, or --chat-template's) failed on these messages "
                                 f"({type(exc).__name__}: {exc})") from None
 
 

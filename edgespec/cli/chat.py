@@ -214,10 +214,10 @@ def _reply(session: ChatSession, text: str, *, show_draft: bool, color: bool, ou
 
 def run_chat(args) -> int:
     """The chat loop (arguments from ``edgespec chat``)."""
-    from .options import build_engine, on_accelerator, sampling_params, shaping
+    from .options import build_engine, on_accelerator, reply_limit, sampling_params, shaping
     from ..models.catalog import defaults
 
-    params, shaped = sampling_params(args), shaping(args)
+    params, shaped, limit = sampling_params(args), shaping(args), reply_limit(args)
     if args.model is None:
         pairing = defaults()["chat"]
         args.model = pairing["target"]
@@ -234,7 +234,7 @@ def run_chat(args) -> int:
     color = out.isatty() and not os.environ.get("NO_COLOR")
     print(f"(loading {args.model} ...)", file=sys.stderr)
     engine = build_engine(args, fetch=True)
-    session = ChatSession(engine, params=params, system=args.system, max_tokens=args.max_tokens,
+    session = ChatSession(engine, params=params, system=args.system, max_tokens=limit or engine.n_ctx,
                           speculative=bool(engine.active_drafters()),
                           progress=ProgressLine(out) if out.isatty() else None,
                           stop=tuple(args.stop), shaping=shaped)
@@ -286,7 +286,7 @@ def add_chat_parser(commands) -> None:
     """Register ``edgespec chat`` on the CLI."""
     p = commands.add_parser("chat", help="chat in the terminal (default pairing without -m)")
     p.add_argument("-n", "--n-predict", "--max-tokens", dest="max_tokens", type=int, default=1024,
-                   help="the longest reply, in tokens")
+                   metavar="N", help="the longest reply, in tokens; -1 = until the context is full")
     p.add_argument("--show-draft", action="store_true",
                    help="colour the tokens that came from accepted drafts")
     p.add_argument("--load", type=Path, default=None,

@@ -7,8 +7,9 @@ import json
 import sys
 from pathlib import Path
 
-from .options import (BackendOptions, backend_options, build_engine, penalties, sampling_params,
-                      shaping, writable)
+from . import flags
+from .options import (BackendOptions, backend_options, build_engine, penalties, reply_limit,
+                      sampling_params, shaping, writable)
 from ..drafters.registry import runs_no_model
 from ..errors import EdgespecError
 
@@ -19,11 +20,12 @@ from ..errors import EdgespecError
 def cmd_generate(args) -> int:
     from ..core.prompting import chat_prompt_ids, raw_prompt_ids
 
-    params, shaped = sampling_params(args), shaping(args)
-    if args.max_tokens < 1:
-        raise EdgespecError(f"invalid --max-tokens {args.max_tokens}: must be >= 1")
+    params, shaped, limit = sampling_params(args), shaping(args), reply_limit(args)
     if args.messages is not None and (args.raw or args.system):
         raise EdgespecError("--messages holds the whole conversation: leave out --raw and -sys")
+    if args.raw and (args.system or args.chat_template or args.chat_template_file):
+        raise EdgespecError("--raw sends the prompt as is, with no chat template: leave out -sys "
+                            "and --chat-template, or --raw")
     messages = read_messages(args.messages) if args.messages is not None else \
         [{"role": "system", "content": args.system}] if args.system else []
     engine = build_engine(args)
@@ -35,7 +37,7 @@ def cmd_generate(args) -> int:
         prompt_ids = chat_prompt_ids(engine.target, messages)
     texts, token_ids, from_draft = [], [], []
     final = None
-    for chunk in engine.stream(prompt_ids, params, max_tokens=args.max_tokens, stop=args.stop,
+    for chunk in engine.stream(prompt_ids, params, max_tokens=limit or engine.n_ctx, stop=args.stop,
                                shaping=shaped):
         texts.append(chunk.text)
         token_ids.extend(chunk.token_ids)
@@ -117,17 +119,21 @@ def cmd_bench(args) -> int:
     from ..measure.bench_report import print_report
     from ..models.catalog import stderr_console
 
-    def numbers(text, kind, flag):
+    def numbers(text, kind, flag, least=None):
         try:
-            return [kind(x) for x in text.split(",") if x.strip()]
+            values = [kind(x) for x in text.split(",") if x.strip()]
         except ValueError:
             raise EdgespecError(f"invalid {flag} {text!r}: give comma-separated numbers") from None
+        if least is not None and any(v < least for v in values):
+            raise EdgespecError(f"invalid {flag} {text!r}: every value must be >= {least}")
+        return values
 
     only_auto = args.num_draft.strip() == "auto"
     if only_auto and args.no_auto:
-        raise EdgespecError("--num-draft auto with --no-auto leaves nothing to compare: drop one of them")
-    config = BenchConfig(target=args.model, drafters=[d.strip() for d in args.drafters.split(",") if d.strip()],
-                         num_draft=[] if only_auto else numbers(args.num_draft, int, "--num-draft"),
+        raise EdgespecError("--draft-max auto with --no-auto leaves nothing to compare: drop one of them")
+    drafters = [flags.drafter_arg(d.strip(), "-d") for d in args.drafters.split(",") if d.strip()]
+    config = BenchConfig(target=args.model, drafters=drafters,
+                         num_draft=[] if only_auto else numbers(args.num_draft, int, "--draft-max", 1),
                          temperatures=numbers(args.temp, float, "--temp"),
                          prompt_sets=[p.strip() for p in args.prompts.split(",") if p.strip()],
                          prompts_per_set=args.prompts_per_set, max_tokens=args.max_tokens,

@@ -76,17 +76,20 @@ def add_target_options(parser: argparse.ArgumentParser, *, model_required: bool 
                    help="MLX: requantize GGUF tensors other than Q4_0/Q4_1/Q8_0 to this")
 
 
-def add_drafter_options(parser: argparse.ArgumentParser) -> None:
+def add_drafter_options(parser: argparse.ArgumentParser, *, model_only: bool = False) -> None:
     """The drafter: -d (edgespec's: any drafter), -md (llama.cpp's: a draft model), and
-    the draft model's own -td, -ngld, --draft-backend and --rpc-draft."""
+    the draft model's own -td, -ngld, --draft-backend and --rpc-draft. ``model_only``:
+    a command that takes a draft model alone (verify)."""
     g = parser.add_argument_group("drafter")
     g.add_argument("-d", "--drafter", "--draft", dest="draft", type=drafter_arg, default=None,
-                   metavar="DRAFTER",
-                   help="a draft model (path or name), or one that runs no model: "
-                        + drafter_help() + f", or '{NONE}' (plain decoding) (default: lookup, "
-                        "or the profile `bench --save-profile` saved)")
+                   metavar="MODEL" if model_only else "DRAFTER",
+                   help="the draft model to check (path or name; default: the default pairing's)"
+                   if model_only else
+                   "a draft model (path or name), or one that runs no model: " + drafter_help()
+                   + f", or '{NONE}' (plain decoding) (default: lookup, or the profile "
+                   "`bench --save-profile` saved; on a GPU without -m, the default pairing's)")
     g.add_argument("-md", "--model-draft", default=None, metavar="MODEL",
-                   help="draft model, as llama.cpp names it (the same as -d MODEL)")
+                   help="draft model, as llama.cpp names it (the same as -d MODEL; default: none)")
     g.add_argument("--draft-backend", choices=BACKENDS, default=None,
                    help="backend of the draft model (default: as --backend); mixed pairs work")
     g.add_argument("-td", "--threads-draft", type=int, metavar="N", default=None,
@@ -117,17 +120,20 @@ def add_sampling_options(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("sampling")
     g.add_argument("-s", "--seed", type=int, metavar="N", default=None,
                    help="reproducible sampling: with a seed the text is the same whatever the "
-                        "drafter and k, or speculation off (default: a new seed each time)")
+                        "drafter and k, or speculation off (default and -1: a new seed each time)")
     g.add_argument("--temp", type=float, metavar="X", default=0.8, help="temperature; 0 = greedy")
-    g.add_argument("--top-k", type=int, metavar="N", default=0, help="keep the k likeliest tokens; 0 = off")
-    g.add_argument("--top-p", type=float, metavar="X", default=1.0, help="nucleus sampling; 1 = off")
+    g.add_argument("--top-k", type=int, metavar="N", default=0,
+                   help="keep the k likeliest tokens; 0 = off (llama.cpp's default: 40)")
+    g.add_argument("--top-p", type=float, metavar="X", default=1.0,
+                   help="nucleus sampling; 1 = off (llama.cpp's default: 0.95)")
     g.add_argument("--min-p", type=float, metavar="X", default=0.0,
-                   help="drop tokens below this share of the likeliest's probability; 0 = off")
+                   help="drop tokens below this share of the likeliest's probability; 0 = off "
+                        "(llama.cpp's default: 0.05)")
     g.add_argument("--typical", type=float, metavar="X", default=1.0, help="locally typical sampling; 1 = off")
     g.add_argument("--repeat-penalty", type=float, metavar="X", default=1.0,
                    help="llama.cpp's repetition penalty over the last --repeat-last-n tokens; 1 = off")
     g.add_argument("--repeat-last-n", type=int, metavar="N", default=REPEAT_LAST_N,
-                   help="tokens the repetition penalty looks back over; 0 = off")
+                   help="tokens the repetition penalty looks back over; 0 = off, -1 = the context")
     g.add_argument("--presence-penalty", type=float, metavar="X", default=0.0,
                    help="OpenAI's, over the reply's tokens; 0 = off")
     g.add_argument("--frequency-penalty", type=float, metavar="X", default=0.0,
@@ -188,14 +194,18 @@ def take_defaults(parser: argparse.ArgumentParser, *groups) -> None:
 # -- values ------------------------------------------------------------------------------
 
 
-def drafter_arg(value: str) -> str:
+def drafter_arg(value: str, flag: str | None = None) -> str:
     """``-d``: a drafter's name or a draft model; a bare number is llama.cpp's --draft N,
-    which means something else here, and is refused saying so."""
+    which means something else here, and is refused saying so (as a usage error, or
+    with ``flag``, an EdgespecError naming it)."""
     if value.isdigit() and not os.path.exists(value):
-        raise argparse.ArgumentTypeError(
-            f"{value} is a number: in llama.cpp --draft N is how many tokens to draft, here "
-            f"-d/--draft names the drafter. Give --draft-max {value} to draft {value} tokens a "
-            f"round, and -md FILE for a draft model")
+        message = (f"{value} is a number: in llama.cpp --draft N is how many tokens to draft, here "
+                   f"-d/--draft names the drafter. Give --draft-max {value} to draft {value} tokens "
+                   f"a round, and -md FILE for a draft model")
+        if flag is None:
+            raise argparse.ArgumentTypeError(message)
+        from ..errors import EdgespecError
+        raise EdgespecError(f"{flag} {message}")
     return value
 
 

@@ -22,13 +22,17 @@ from ..models.arguments import BACKENDS
 
 class _Parser(argparse.ArgumentParser):
     """argparse, with usage errors on one line like every other edgespec error, each
-    option's default in the help, and no abbreviated flags (llama.cpp takes none: a
-    prefix is not read as some other option)."""
+    option's default in the help, and flags read only as written: llama.cpp takes no
+    abbreviation and no value glued to a short flag, so neither is read here as some
+    other option (``-mli`` is not ``-m li``, ``-n`` not a prefix of ``-ngl``)."""
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("formatter_class", flags.HelpFormatter)
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+
+    def _get_option_tuples(self, option_string):
+        return []  # (only exact flags, and --flag=value, are options)
 
     def error(self, message: str):
         self.exit(2, f"edgespec: error: {message} (see `{self.prog} --help`)\n")
@@ -45,6 +49,7 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action=VersionAction,
                         help="edgespec's version, and llama-cpp-python's and MLX's")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser.set_defaults(parsers=commands.choices)  # (a command's own, for its errors)
 
     p = commands.add_parser("generate", help="generate one reply")
     source = p.add_argument_group("prompt").add_mutually_exclusive_group(required=True)
@@ -54,7 +59,7 @@ def make_parser() -> argparse.ArgumentParser:
                              "client sends them")
     p.add_argument("--raw", action="store_true", help="send the prompt as is, no chat template")
     p.add_argument("-n", "--n-predict", "--max-tokens", dest="max_tokens", type=int, default=256,
-                   help="the most tokens to generate")
+                   metavar="N", help="the most tokens to generate; -1 = until the context is full")
     p.add_argument("--json", action="store_true", help="print one JSON object with text and stats")
     for add in (*GENERATING, flags.add_output_options):
         add(p)
@@ -69,7 +74,7 @@ def make_parser() -> argparse.ArgumentParser:
                    help="verifier rounds per recorded row and temperature")
     p.add_argument("--json", type=Path, default=None, help="write every figure as JSON (default: none)")
     flags.add_target_options(p, model_required=False)
-    flags.add_drafter_options(p)
+    flags.add_drafter_options(p, model_only=True)
     # It checks the pair at k = 4 on its own prompts and temperatures, greedy and seeded:
     # nothing of sampling, drafting or saved prompts is the user's to set.
     flags.take_defaults(p, flags.add_speculation_options, flags.add_sampling_options,
@@ -138,7 +143,7 @@ def add_bench_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sweep")
     g.add_argument("-d", "--drafters", required=True,
                    help="comma-separated: draft models and/or lookup, suffix, lastline")
-    g.add_argument("--draft-max", "--num-draft", dest="num_draft", default="2,4",
+    g.add_argument("--draft-max", "--num-draft", dest="num_draft", default="2,4", metavar="K,K|auto",
                    help="comma-separated k values, or 'auto': auto mode against plain decoding only")
     g.add_argument("--temp", default="0,0.7", help="comma-separated temperatures")
     g.add_argument("--prompts", default="code,edit,chat",
@@ -166,7 +171,9 @@ def add_bench_options(p: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; user errors print one line and exit non-zero."""
-    args = make_parser().parse_args(argv)
+    args, unknown = make_parser().parse_known_args(argv)
+    if unknown:  # said by the command's parser, whose help lists what it takes
+        args.parsers[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     if threading.current_thread() is threading.main_thread():
         # Ctrl-C stops a reply, a run or the server, even where we were started with
         # SIGINT ignored (as a shell starts a background job), where Python would not

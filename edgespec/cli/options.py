@@ -26,12 +26,15 @@ def backend_options(args, **more) -> BackendOptions:
 
 
 def chat_template(args) -> str | None:
-    """``--chat-template`` (a name or Jinja), or ``--chat-template-file``'s text."""
+    """``--chat-template`` (a name or Jinja), or ``--chat-template-file``'s text, checked."""
+    from ..core.chat_template import chat_template_from
     if args.chat_template_file is None:
-        return args.chat_template
+        return None if args.chat_template is None else \
+            chat_template_from(args.chat_template, "--chat-template")
     if args.chat_template is not None:
         raise EdgespecError("--chat-template and --chat-template-file both give the template: use one")
-    return read_text(args.chat_template_file, "--chat-template-file")
+    return chat_template_from(read_text(args.chat_template_file, "--chat-template-file"),
+                              "--chat-template-file")
 
 
 def read_text(path: str, flag: str) -> str:
@@ -43,36 +46,62 @@ def read_text(path: str, flag: str) -> str:
         raise EdgespecError(f"cannot read {flag} {path}: {why}") from None
 
 
+# A field's flag, for messages the checks of SamplingParams and Shaping write.
+FLAGS = {"temperature": "--temp", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p",
+         "typical_p": "--typical", "seed": "-s", "repeat_penalty": "--repeat-penalty",
+         "repeat_last_n": "--repeat-last-n", "presence_penalty": "--presence-penalty",
+         "frequency_penalty": "--frequency-penalty"}
+
+
+def _flagged(exc: ValueError) -> EdgespecError:
+    """A check's message ("invalid top_k=-1: ...") as the command line says it."""
+    message = str(exc)
+    for name, flag in FLAGS.items():
+        message = message.replace(f"invalid {name}=", f"invalid {flag} ")
+    return EdgespecError(message.replace(", or None for a random seed", " (-1: a new seed)"))
+
+
 def sampling_params(args):
-    """The sampling options given on the command line, validated."""
+    """The sampling options given on the command line, validated (``-s -1``: a new seed
+    each time, as llama.cpp's)."""
     from ..core.sampling import SamplingParams
     try:
         return SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
-                              min_p=args.min_p, typical_p=args.typical, seed=args.seed,
+                              min_p=args.min_p, typical_p=args.typical,
+                              seed=None if args.seed == -1 else args.seed,
                               invariant=None if args.sampling is None else args.sampling == "invariant")
     except ValueError as exc:
-        raise EdgespecError(f"{exc}") from None
+        raise _flagged(exc) from None
 
 
 def penalties(args) -> dict:
-    """The penalties given on the command line (checked), by a request's field names."""
+    """The penalties given on the command line (checked), by a request's field names
+    (``--repeat-last-n -1``: the whole context, as llama.cpp's)."""
     from ..core.shaping import Shaping
-    given = {"repeat_penalty": args.repeat_penalty, "repeat_last_n": args.repeat_last_n,
+    given = {"repeat_penalty": args.repeat_penalty,
+             "repeat_last_n": args.ctx if args.repeat_last_n == -1 else args.repeat_last_n,
              "presence_penalty": args.presence_penalty, "frequency_penalty": args.frequency_penalty}
     try:
         Shaping(**given)
     except ValueError as exc:
-        message = str(exc)
-        for name in given:  # (say the flag, not the field)
-            message = message.replace(f"{name}=", f"--{name.replace('_', '-')} ")
-        raise EdgespecError(message) from None
+        raise _flagged(exc) from None
     return given
+
+
+def reply_limit(args) -> int | None:
+    """``-n``: the most tokens a reply has (None, from -1: until the context is full)."""
+    if args.max_tokens == -1:
+        return None
+    if args.max_tokens < 1:
+        raise EdgespecError(f"invalid -n {args.max_tokens}: the most tokens a reply has, >= 1 "
+                            f"(-1: until the context is full)")
+    return args.max_tokens
 
 
 def shaping(args):
     """What the penalties and the grammar (``--grammar``, ``--grammar-file`` or
     ``--json-schema``) given change in the target's distribution; None: nothing."""
-    from ..core.grammar import Grammar
+    from ..core.grammar import Grammar, closed
     from ..core.shaping import Shaping
     asked = [(flag, text) for flag, text in (
         ("--grammar", args.grammar),
@@ -83,11 +112,12 @@ def shaping(args):
     given, rule = penalties(args), None
     try:
         if asked and asked[0][0] == "--json-schema":
-            rule = Grammar.json_schema(json_value(asked[0][1]))
+            # llama.cpp's: an object lists all its properties unless the schema says otherwise
+            rule = Grammar.json_schema(closed(json_value(asked[0][1])))
         elif asked:
             rule = Grammar.gbnf(asked[0][1])
     except ValueError as exc:
-        raise EdgespecError(f"invalid {asked[0][0]}: {exc}") from None
+        raise EdgespecError(f"invalid {asked[0][0]}: {str(exc).removeprefix('invalid json_schema: ')}") from None
     result = Shaping(rule=rule, **given)
     return result if result.active else None
 
@@ -136,10 +166,13 @@ def build_engine(args, *, fetch: bool = False, disk: bool = True):
     if args.draft is None and not args.no_spec:
         profile = load_profile(args.model)
         if profile:  # `edgespec bench --save-profile` measured the best pairing here
-            args.draft, args.num_draft = profile["draft"], profile["num_draft"]
+            args.draft = profile["draft"]
+            if args.num_draft == "auto":  # (a --draft-max given wins)
+                args.num_draft = profile["num_draft"]
             print(f"(saved profile: drafter {args.draft}, k={args.num_draft})", file=sys.stderr)
         else:  # prompt lookup costs nothing to ask, and auto mode drafts only where it pays
             args.draft = registry.DEFAULT
+    check_drafting(args)
     if args.draft_p_min is not None and not 0 <= args.draft_p_min < 1:
         raise EdgespecError(f"invalid --draft-p-min {args.draft_p_min}: must be 0 <= p < 1")
     return load(args.model, None if args.no_spec else args.draft, args.backend,
@@ -154,6 +187,26 @@ def build_engine(args, *, fetch: bool = False, disk: bool = True):
                 cache_disk=args.cache_disk, n_batch=o.n_batch, n_ubatch=o.n_ubatch,
                 type_k=o.type_k, type_v=o.type_v, use_mmap=o.use_mmap,
                 chat_template=o.chat_template, draft_min=args.draft_min)
+
+
+def check_drafting(args) -> None:
+    """Refuse drafting options that nothing would read: a drafter with --no-spec, a
+    draft length without a drafter, a draft model's settings without a draft model."""
+    if args.no_spec and args.draft is not None:
+        raise EdgespecError(f"--no-spec decodes plainly, and -d/-md {args.draft} names a drafter: "
+                            f"give one of them")
+    if (args.no_spec or args.draft == registry.NONE) and (args.num_draft != "auto" or args.draft_min):
+        raise EdgespecError("--draft-max and --draft-min set how far a drafter drafts, and "
+                            "there is none (--no-spec or -d none): leave them out")
+    if args.draft is None or not registry.runs_no_model(args.draft):
+        return
+    given = [flag for flag, value in (("--draft-p-min", args.draft_p_min), ("-td", args.threads_draft),
+                                      ("-ngld", args.n_gpu_layers_draft), ("--rpc-draft", args.rpc_draft),
+                                      ("--draft-backend", args.draft_backend)) if value is not None]
+    if given:
+        raise EdgespecError(f"{', '.join(given)} set{'s' if len(given) == 1 else ''} the draft model, "
+                            f"and -d {args.draft} runs none: give -md MODEL, or leave "
+                            f"{'it' if len(given) == 1 else 'them'} out")
 
 
 def _cache_dir(args) -> str | None:

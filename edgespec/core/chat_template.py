@@ -33,22 +33,23 @@ NAMED_TEMPLATES = {
 }
 
 
-def chat_template_from(value: str) -> str:
+def chat_template_from(value: str, flag: str = "--chat-template") -> str:
     """``--chat-template``'s value as Jinja: a name of :data:`NAMED_TEMPLATES`, or a
-    Jinja template itself (as llama.cpp takes either); anything else is refused."""
+    Jinja template itself (as llama.cpp takes either); anything else is refused, by
+    ``flag``'s name."""
     from ..errors import EdgespecError
     import jinja2
 
     if value in NAMED_TEMPLATES:
         return NAMED_TEMPLATES[value]
     if "{{" not in value and "{%" not in value:
-        raise EdgespecError(f"unknown chat template {value!r}: give one of "
+        raise EdgespecError(f"unknown chat template {value!r} ({flag}): give one of "
                             f"{', '.join(NAMED_TEMPLATES)}, a Jinja template, or "
                             f"--chat-template-file FILE")
     try:
         _bounded_sandbox(DEFAULT_MAX_CHARS).parse(value)
     except jinja2.TemplateSyntaxError as exc:
-        raise EdgespecError(f"the chat template is not valid Jinja (line {exc.lineno}: {exc.message})") from None
+        raise EdgespecError(f"{flag} is not valid Jinja (line {exc.lineno}: {exc.message})") from None
     return value
 
 
@@ -84,7 +85,7 @@ def render_chat_template(template: str | None, messages: list[dict], *,
                             f"context can hold: shorten the conversation, or raise --ctx") from None
     except (jinja2.TemplateError, ArithmeticError, TypeError, ValueError, LookupError,
             AttributeError, RecursionError) as exc:
-        raise EdgespecError(f"the model's chat template failed on these messages "
+        raise EdgespecError(f"the chat template (the model's, or --chat-template's) failed on these messages "
                             f"({type(exc).__name__}: {exc})") from None
 
 

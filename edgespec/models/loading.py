@@ -44,11 +44,11 @@ class BackendOptions:
         if self.backend not in BACKENDS:
             raise EdgespecError(f"unknown backend {self.backend!r}: use one of {', '.join(BACKENDS)}")
         if self.n_ctx < 16:
-            raise EdgespecError(f"invalid --ctx {self.n_ctx}: the context needs at least 16 tokens")
+            raise EdgespecError(f"invalid -c {self.n_ctx}: the context needs at least 16 tokens")
         if self.mlx_quantize not in ("4bit", "8bit", "none"):
             raise EdgespecError(f"invalid --mlx-quantize {self.mlx_quantize!r}: use 4bit, 8bit or none")
         if self.n_threads is not None and self.n_threads < 1:
-            raise EdgespecError(f"invalid --threads {self.n_threads}: must be >= 1")
+            raise EdgespecError(f"invalid -t {self.n_threads}: must be >= 1")
         from ..backends.rpc import parse_endpoints
         self.rpc = parse_endpoints(self.rpc)
         if self.rpc and self.backend == "mlx":

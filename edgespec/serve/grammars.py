@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from ..core.grammar import Grammar
+from ..core.grammar import Grammar, closed
 from .errors import invalid
 from .tool_calls import CALL_CLOSE, CALL_OPEN
 
@@ -25,13 +25,15 @@ def gbnf(text) -> Grammar | None:
 
 
 def json_schema(schema) -> Grammar | None:
-    """llama-server's ``json_schema``: the schema the reply follows (``{}`` or null: none)."""
+    """llama-server's ``json_schema``: the schema the reply follows (``{}`` or null: none),
+    its objects closed to properties they do not list unless they say otherwise, as
+    llama.cpp's schema converter has it."""
     if schema is None or schema == {}:
         return None
     if not isinstance(schema, dict):
         raise invalid("must be a JSON schema (an object)")
     try:
-        return Grammar.json_schema(schema)
+        return Grammar.json_schema(closed(schema))
     except ValueError as exc:
         raise invalid(str(exc)) from None
 
