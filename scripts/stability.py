@@ -11,6 +11,11 @@ made the same decisions as run 1 (rounds, plain steps, drafted, accepted).
 
     python scripts/stability.py --runs 10 --json bench-out/stability.json
     python scripts/stability.py --draft none --prompts client-val:0 --runs 6 --max-tokens 4096 --ctx 8192
+    python scripts/stability.py --draft none --prompts client-val:5 --runs 5 --fresh
+
+``--fresh``: each auto run in a new ``$EDGESPEC_HOME`` (the weights linked in), as a user's
+first run on a machine: it calibrates and times its long passes itself. The costs each
+run started from and saved are printed beside what it did.
 
 A request set's entry (``client-val:0``) is sent as the client sent it (``--messages``).
 """
@@ -41,6 +46,14 @@ def generate(prompt: list[str], home: Path, args, *extra: str) -> dict:
     return json.loads(out.stdout)["stats"]
 
 
+def fresh_home(parent: Path, run: int) -> Path:
+    """A new EDGESPEC_HOME under ``parent`` with the weights linked in and nothing else."""
+    home = parent / f"fresh-{run}"
+    home.mkdir()
+    (home / "models").symlink_to(edgespec_home() / "models")
+    return home
+
+
 def _work(stats: dict) -> tuple:
     """What a run did, as opposed to how fast the machine was while it did it."""
     return stats["rounds"], stats["plain_steps"], stats["drafted"], stats["accepted"]
@@ -58,6 +71,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--ctx", type=int, default=4096)
+    parser.add_argument("--fresh", action="store_true",
+                        help="each auto run in a new EDGESPEC_HOME: nothing cached from the runs before")
     parser.add_argument("--json")
     args = parser.parse_args()
     results = {}
@@ -78,7 +93,11 @@ def main() -> None:
             plain = [generate(prompt, home, args, "--no-spec")["tokens_per_second"]]
             auto = []
             for run in range(args.runs):
-                stats = generate(prompt, home, args)
+                own = fresh_home(home, run) if args.fresh else home
+                stats = generate(prompt, own, args)
+                if args.fresh:
+                    stats["saved_costs"] = [json.loads(p.read_text())
+                                            for p in sorted((own / "calibration").glob("*.json"))]
                 auto.append(stats)
                 plain.append(generate(prompt, home, args, "--no-spec")["tokens_per_second"])
                 base = (plain[-2] + plain[-1]) / 2
