@@ -177,6 +177,7 @@ def test_bad_flag_values_get_one_line_naming_them(smollm2_path, args, fragment):
 @pytest.mark.parametrize("args, fragment", [
     (("--raw", "-sys", "x"), "--raw sends the prompt as is"),
     (("--no-spec", "-d", "lookup"), "--no-spec decodes plainly"),
+    (("--no-spec", "-d", "none", "--draft-min", "2"), "there is none"),
     (("-d", "none", "--draft-max", "3"), "there is none"),
     (("--draft-p-min", "0.5", "-td", "3"), "--draft-p-min, -td set the draft model"),
     (("-ctk", "q8_0", "-ctv", "q8_0", "-fa", "off"), "needs flash attention: use -fa on or auto"),

@@ -192,7 +192,7 @@ def build_engine(args, *, fetch: bool = False, disk: bool = True):
 def check_drafting(args) -> None:
     """Refuse drafting options that nothing would read: a drafter with --no-spec, a
     draft length without a drafter, a draft model's settings without a draft model."""
-    if args.no_spec and args.draft is not None:
+    if args.no_spec and args.draft not in (None, registry.NONE):  # (-d none says the same)
         raise EdgespecError(f"--no-spec decodes plainly, and -d/-md {args.draft} names a drafter: "
                             f"give one of them")
     if (args.no_spec or args.draft == registry.NONE) and (args.num_draft != "auto" or args.draft_min):
