@@ -1,0 +1,128 @@
+"""Do fresh runs of one request decide alike? Auto mode's decisions, round by round, in
+N fresh processes, each with a new ``$EDGESPEC_HOME`` (so each calibrates and times its
+long passes itself, as a first run on a machine does), and the first round where two
+runs part, with what each believed there: the costs it started from and the costs at
+that round.
+
+    python scripts/decisions.py --prompts client-val --index 4 --runs 3 --max-tokens 1024 --ctx 8192
+    python scripts/decisions.py --prompts edit-val --index 2 --runs 3 --json bench-out/decisions.json
+
+The text is greedy (T = 0), so it is the same in every run up to a near-tie; what can
+differ is what was drafted and verified on the way, which only costs read off the clock
+decide. Not a benchmark: each run's tok/s is printed for scale only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+SIZES = (2, 5, 9, 17, 33, 65)  # the pass sizes whose believed cost is printed
+
+
+def child(args) -> None:
+    """One generation in this process (its EDGESPEC_HOME set by the parent): every
+    round's decision and the costs behind it, written as JSON to ``args.child``."""
+    import edgespec
+    from edgespec.core.prompting import chat_prompt_ids
+    from edgespec.core.sampling import SamplingParams
+    from edgespec.measure.prompt_sets import load_conversations, turn_messages
+
+    engine = edgespec.load(args.target, draft=None if args.draft == "none" else args.draft,
+                           n_ctx=args.ctx)
+    planner = engine.planner
+    cost = planner.cost
+    started = {"prior_v": {str(n): round(v, 4) for n, v in sorted(cost.prior_v.items())},
+               "prior_c": {k: round(c, 4) for k, c in cost.prior_c.items()}}
+    rounds, observe = [], planner.observe
+
+    def recorded(result) -> None:
+        observe(result)
+        step = cost.step_seconds or 0.0
+        rounds.append({
+            "drafter": result.drafter, "bucket": result.bucket, "drafted": result.num_drafted,
+            "accepted": result.num_accepted, "pass": result.target_tokens,
+            "pass_steps": round(result.target_seconds / step, 3) if step else None,
+            "offered": [(r.proposal.drafter.name, r.proposal.num_draft, len(r.draft), r.draft.bucket)
+                        for r in result.reports],
+            "v": {str(n): round(cost.v(n), 3) for n in SIZES}})
+
+    planner.observe = recorded
+    conversation = load_conversations(args.prompts)[args.index]
+    messages = turn_messages([], conversation[0])
+    ids = chat_prompt_ids(engine.target, messages)
+    generation = engine.generate(ids, SamplingParams(temperature=0), max_tokens=args.max_tokens)
+    stats = generation.stats
+    Path(args.child).write_text(json.dumps({
+        "started": started, "rounds": rounds, "token_ids": generation.token_ids,
+        "stats": {"tokens_per_second": stats.tokens_per_second, "drafted": stats.drafted,
+                  "accepted": stats.accepted, "rounds": stats.rounds, "plain_steps": stats.plain_steps}}))
+    engine.close()
+
+
+def first_parting(a: list[dict], b: list[dict]) -> int | None:
+    """The first round where two runs decided otherwise (drafter, draft length, or what
+    was offered), or None."""
+    key = lambda r: (r["drafter"], r["drafted"], r["offered"])  # noqa: E731
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if key(x) != key(y)),
+                None if len(a) == len(b) else min(len(a), len(b)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
+    parser.add_argument("--draft", default="none", help="a draft model, or none (what serve runs on a CPU)")
+    parser.add_argument("--prompts", default="client-val", help="a prompt, conversation or request set")
+    parser.add_argument("--index", type=int, default=4)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=1024)
+    parser.add_argument("--ctx", type=int, default=8192)
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        return child(args)
+
+    from edgespec.paths import edgespec_home
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for run in range(args.runs):
+            home = Path(tmp) / f"home-{run}"
+            home.mkdir()
+            (home / "models").symlink_to(edgespec_home() / "models")
+            out = Path(tmp) / f"run-{run}.json"
+            command = [sys.executable, __file__, "--child", str(out), "--target", args.target,
+                       "--draft", args.draft, "--prompts", args.prompts, "--index", str(args.index),
+                       "--max-tokens", str(args.max_tokens), "--ctx", str(args.ctx)]
+            subprocess.run(command, check=True, env={**os.environ, "EDGESPEC_HOME": str(home)})
+            runs.append(json.loads(out.read_text()))
+            s = runs[-1]["stats"]
+            print(f"run {run + 1}: {s['tokens_per_second']:.2f} tok/s, {s['rounds']} rounds, "
+                  f"{s['plain_steps']} plain steps, drafted {s['drafted']}, accepted {s['accepted']}; "
+                  f"started from v " + " ".join(f"{n}:{v}" for n, v in runs[-1]["started"]["prior_v"].items()),
+                  flush=True)
+    first = runs[0]
+    for number, other in enumerate(runs[1:], 2):
+        same_text = other["token_ids"] == first["token_ids"]
+        at = first_parting(first["rounds"], other["rounds"])
+        if at is None:
+            print(f"run {number}: the same decisions as run 1 (text {'the same' if same_text else 'differs'})")
+            continue
+        print(f"run {number} parts from run 1 at round {at} (text {'the same' if same_text else 'differs'}):")
+        for name, rounds in (("run 1", first["rounds"]), (f"run {number}", other["rounds"])):
+            window = rounds[max(0, at - 2):at + 1]
+            for i, r in enumerate(window, max(0, at - 2)):
+                print(f"  {name} round {i}: {r['drafter'] or 'plain'} {r['bucket'] or ''} drafted "
+                      f"{r['drafted']} accepted {r['accepted']} offered {r['offered']} pass "
+                      f"{r['pass']} ({r['pass_steps']} steps) v {r['v']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(runs, indent=1))
+
+
+if __name__ == "__main__":
+    main()
