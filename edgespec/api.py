@@ -6,8 +6,9 @@ May import: models, planner, drafters, backends, core, errors, paths.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import replace
-from typing import Sequence
+from typing import Callable, Sequence
 
 from .core.engine import Engine
 from .core.prompt_cache import PromptCache, default_budget_mib
@@ -30,7 +31,8 @@ def load(model: str | os.PathLike, draft: str | os.PathLike | None = None, backe
          cache_reuse: int = 0, cache_dir: str | os.PathLike | None = None,
          cache_disk: int | None = None, n_batch: int = 512, n_ubatch: int | None = None,
          type_k: str | None = None, type_v: str | None = None, use_mmap: bool = True,
-         chat_template: str | None = None, draft_min: int = 0) -> Engine:
+         chat_template: str | None = None, draft_min: int = 0, prior: dict | None = None,
+         clock: Callable[[], float] = time.perf_counter) -> Engine:
     """Load a target model (and optionally a drafter) and return an :class:`Engine`.
 
     ``model``/``draft``: a .gguf path, a name from ``edgespec models list``, an
@@ -71,6 +73,9 @@ def load(model: str | os.PathLike, draft: str | os.PathLike | None = None, backe
     ``chat_template``: a name (``chatml``, ``llama3``, ...) or a Jinja template used
     instead of the model's own (--chat-template). ``draft_min``: a draft shorter than
     this is not verified (--draft-min; 0, the default: any).
+    ``prior``: the costs auto mode starts from instead of this machine's kept ones (a
+    benchmark's, a replay's; then nothing is kept); ``clock``: what times passes (a
+    replay's: :mod:`edgespec.measure.replay`).
     Raises :class:`~edgespec.errors.EdgespecError` with a readable reason on
     bad input (missing file, incompatible drafter, ...).
     """
@@ -108,8 +113,9 @@ def load(model: str | os.PathLike, draft: str | os.PathLike | None = None, backe
         # it); otherwise auto mode learns where to stop. The engine checks the pair first,
         # then (in auto mode) times it, the first time, through the caches it generates with.
         drafter = load_drafter(draft, draft_options, min_confidence=draft_p_min)
-        return Engine(target, drafter, num_draft=num_draft, planners=AutoPlanners(min_draft=draft_min),
-                      prompt_cache=prompt_cache)
+        return Engine(target, drafter, num_draft=num_draft,
+                      planners=AutoPlanners(prior=prior, min_draft=draft_min),
+                      prompt_cache=prompt_cache, clock=clock)
     except BaseException:
         target.close()
         raise

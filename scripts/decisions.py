@@ -6,6 +6,11 @@ that round.
 
     python scripts/decisions.py --prompts client-val --index 4 --runs 3 --max-tokens 1024 --ctx 8192
     python scripts/decisions.py --prompts edit-val --index 2 --runs 3 --json bench-out/decisions.json
+    python scripts/decisions.py --prompts client-val --index 4 --runs 1 --replay
+
+``--replay``: run 1 again, in another fresh home, from run 1's starting costs and with its
+clock's readings (:mod:`edgespec.measure.replay`): the same decisions and text show that
+what moved the other runs was the clock.
 
 The text is greedy (T = 0), so it is the same in every run up to a near-tie; what can
 differ is what was drafted and verified on the way, which only costs read off the clock
@@ -32,27 +37,22 @@ def child(args) -> None:
     from edgespec.core.prompting import chat_prompt_ids
     from edgespec.core.sampling import SamplingParams
     from edgespec.measure.prompt_sets import load_conversations, turn_messages
+    from edgespec.measure.replay import RecordingClock, ReplayingClock, record_decisions
 
+    replayed = json.loads(Path(args.replay_of).read_text()) if args.replay_of else None
+    clock = ReplayingClock(replayed["readings"]) if replayed else RecordingClock()
+    prior = {"v": replayed["started"]["prior_v"], "c": replayed["started"]["prior_c"]} if replayed else None
     engine = edgespec.load(args.target, draft=None if args.draft == "none" else args.draft,
-                           n_ctx=args.ctx)
-    planner = engine.planner
-    cost = planner.cost
-    started = {"prior_v": {str(n): round(v, 4) for n, v in sorted(cost.prior_v.items())},
-               "prior_c": {k: round(c, 4) for k, c in cost.prior_c.items()}}
-    rounds, observe = [], planner.observe
+                           n_ctx=args.ctx, prior=prior, clock=clock)
+    cost = engine.planner.cost
+    started = {"prior_v": {str(n): v for n, v in sorted(cost.prior_v.items())}, "prior_c": cost.prior_c}
 
-    def recorded(result) -> None:
-        observe(result)
+    def costs(result) -> dict:
         step = cost.step_seconds or 0.0
-        rounds.append({
-            "drafter": result.drafter, "bucket": result.bucket, "drafted": result.num_drafted,
-            "accepted": result.num_accepted, "pass": result.target_tokens,
-            "pass_steps": round(result.target_seconds / step, 3) if step else None,
-            "offered": [(r.proposal.drafter.name, r.proposal.num_draft, len(r.draft), r.draft.bucket)
-                        for r in result.reports],
-            "v": {str(n): round(cost.v(n), 3) for n in SIZES}})
+        return {"pass_steps": round(result.target_seconds / step, 3) if step else None,
+                "v": {str(n): round(cost.v(n), 3) for n in SIZES}}
 
-    planner.observe = recorded
+    rounds = record_decisions(engine.planner, costs)
     conversation = load_conversations(args.prompts)[args.index]
     messages = turn_messages([], conversation[0])
     ids = chat_prompt_ids(engine.target, messages)
@@ -60,6 +60,7 @@ def child(args) -> None:
     stats = generation.stats
     Path(args.child).write_text(json.dumps({
         "started": started, "rounds": rounds, "token_ids": generation.token_ids,
+        "readings": clock.readings,
         "stats": {"tokens_per_second": stats.tokens_per_second, "drafted": stats.drafted,
                   "accepted": stats.accepted, "rounds": stats.rounds, "plain_steps": stats.plain_steps}}))
     engine.close()
@@ -68,7 +69,7 @@ def child(args) -> None:
 def first_parting(a: list[dict], b: list[dict]) -> int | None:
     """The first round where two runs decided otherwise (drafter, draft length, or what
     was offered), or None."""
-    key = lambda r: (r["drafter"], r["drafted"], r["offered"])  # noqa: E731
+    key = lambda r: (r["drafter"], r["drafted"], r["offered"], r["accepted"])  # noqa: E731
     return next((i for i, (x, y) in enumerate(zip(a, b)) if key(x) != key(y)),
                 None if len(a) == len(b) else min(len(a), len(b)))
 
@@ -82,31 +83,45 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=1024)
     parser.add_argument("--ctx", type=int, default=8192)
+    parser.add_argument("--replay", action="store_true",
+                        help="then run 1 again from its starting costs and clock readings")
     parser.add_argument("--json", default=None)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--replay-of", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         return child(args)
 
     from edgespec.paths import edgespec_home
-    runs = []
+    runs, replay = [], None
     with tempfile.TemporaryDirectory() as tmp:
-        for run in range(args.runs):
-            home = Path(tmp) / f"home-{run}"
+        def fresh_run(name: str, *extra: str) -> dict:
+            home = Path(tmp) / f"home-{name}"
             home.mkdir()
             (home / "models").symlink_to(edgespec_home() / "models")
-            out = Path(tmp) / f"run-{run}.json"
+            out = Path(tmp) / f"{name}.json"
             command = [sys.executable, __file__, "--child", str(out), "--target", args.target,
                        "--draft", args.draft, "--prompts", args.prompts, "--index", str(args.index),
-                       "--max-tokens", str(args.max_tokens), "--ctx", str(args.ctx)]
+                       "--max-tokens", str(args.max_tokens), "--ctx", str(args.ctx), *extra]
             subprocess.run(command, check=True, env={**os.environ, "EDGESPEC_HOME": str(home)})
-            runs.append(json.loads(out.read_text()))
+            return json.loads(out.read_text())
+
+        for run in range(args.runs):
+            runs.append(fresh_run(f"run-{run}"))
             s = runs[-1]["stats"]
             print(f"run {run + 1}: {s['tokens_per_second']:.2f} tok/s, {s['rounds']} rounds, "
                   f"{s['plain_steps']} plain steps, drafted {s['drafted']}, accepted {s['accepted']}; "
                   f"started from v " + " ".join(f"{n}:{v}" for n, v in runs[-1]["started"]["prior_v"].items()),
                   flush=True)
+        if args.replay:
+            replay = fresh_run("replay", "--replay-of", str(Path(tmp) / "run-0.json"))
     first = runs[0]
+    if replay is not None:
+        at = first_parting(first["rounds"], replay["rounds"])
+        same = "the same text" if replay["token_ids"] == first["token_ids"] else "another text"
+        print(f"replay of run 1 (its starting costs, its {len(first['readings'])} clock readings): "
+              + (f"the same {len(first['rounds'])} decisions, {same}" if at is None
+                 else f"parts at round {at}, {same}"))
     for number, other in enumerate(runs[1:], 2):
         same_text = other["token_ids"] == first["token_ids"]
         at = first_parting(first["rounds"], other["rounds"])

@@ -670,3 +670,34 @@ def test_a_draft_model_asked_while_in_step_is_not_timed_as_free():
     assert planner.cost.c("toy-draft") == pytest.approx(0.3)
     rounds(DraftReport(Proposal(drafter, 8), Draft([]), 1, 0.2, 1e-5))  # caught up a token: a step
     assert planner.cost.c("toy-draft") == pytest.approx(0.2, rel=0.01)
+
+
+def test_the_same_text_and_clock_readings_give_the_same_decisions():
+    """Auto mode decides from the text and the clock alone: a run on a jittery clock,
+    replayed with its readings, makes every decision again; another jitter moves them."""
+    from edgespec.measure.replay import RecordingClock, ReplayingClock, record_decisions
+
+    def run(clock_of):
+        sim = SimClock()
+        target, drafter = timed_pair(batch_grows=0.15, drafter_cost=0.3, noise=1.0, clock=sim)
+        clock = clock_of(sim)
+        engine = auto_engine(target, drafter, clock, true_prior(0.15, 0.3))
+        rounds = record_decisions(engine.planner)
+        text = engine.generate([0, 1, 2, 3, 0, 1, 2], GREEDY, max_tokens=160).token_ids
+        return rounds, text, clock
+
+    def jittery(seed):  # a busy machine: the clock falls behind by up to a third of a step a reading
+        rng = np.random.default_rng(seed)
+        late = [0.0]
+
+        def now(sim):
+            late[0] += rng.uniform(0, STEP / 3)
+            return sim() + late[0]
+        return lambda sim: RecordingClock(lambda: now(sim))
+
+    rounds, text, recorded = run(jittery(1))
+    replayed_rounds, replayed_text, replay = run(lambda sim: ReplayingClock(recorded.readings))
+    assert replayed_rounds == rounds and replayed_text == text
+    assert replay.read == len(recorded.readings)  # (it read the clock exactly as often)
+    other_rounds, other_text, _ = run(jittery(2))
+    assert other_text == text and other_rounds != rounds  # the clock moved them, not the text
