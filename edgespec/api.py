@@ -87,14 +87,14 @@ def load(model: str | os.PathLike, draft: str | os.PathLike | None = None, backe
         raise EdgespecError(f"invalid --cache-ram {cache_ram!r}: MiB, an integer >= 0 (0 turns it off)")
     if not isinstance(cache_reuse, int) or cache_reuse < 0:
         raise EdgespecError(f"invalid --cache-reuse {cache_reuse!r}: a chunk size in tokens, >= 0 (0 turns it off)")
+    if not isinstance(draft_min, int) or draft_min < 0:
+        raise EdgespecError(f"invalid --draft-min {draft_min!r}: an integer >= 0 (0: any draft)")
     if cache_disk is not None and (not isinstance(cache_disk, int) or cache_disk < 0):
         raise EdgespecError(f"invalid --cache-disk {cache_disk!r}: MiB, an integer >= 0 (0 turns it off)")
     disk = None if cache_dir is None else \
         PromptDisk(cache_dir, (disk_budget_mib() if cache_disk is None else cache_disk) * 2**20)
     prompt_cache = PromptCache((default_budget_mib() if cache_ram is None else cache_ram) * 2**20,
                                shift_min=cache_reuse, disk=disk)
-    if not isinstance(draft_min, int) or draft_min < 0:
-        raise EdgespecError(f"invalid --draft-min {draft_min!r}: an integer >= 0 (0: any draft)")
     options = BackendOptions(backend=backend, n_ctx=n_ctx, n_threads=n_threads,
                              n_gpu_layers=n_gpu_layers, flash_attn=flash_attn,
                              mlx_quantize=mlx_quantize, fetch=fetch, rpc=rpc or (), kernels=kernels,
@@ -108,7 +108,7 @@ def load(model: str | os.PathLike, draft: str | os.PathLike | None = None, backe
             n_gpu_layers=n_gpu_layers if draft_n_gpu_layers is None else draft_n_gpu_layers,
             rpc=draft_rpc or (), kernels="fast", type_k=None, type_v=None, chat_template=None)
         if draft is not None and pick_backend(draft, draft_options.backend) == "mlx":
-            draft_options = replace(draft_options, n_batch=512, n_ubatch=None, use_mmap=True)
+            draft_options = draft_options.without_llama_cpp_settings()
         # A stop the user chose is the draft model's own, in every mode (auto mode keeps
         # it); otherwise auto mode learns where to stop. The engine checks the pair first,
         # then (in auto mode) times it, the first time, through the caches it generates with.

@@ -92,13 +92,12 @@ def main() -> None:
     if args.child:
         return child(args)
 
-    from edgespec.paths import edgespec_home
+    sys.path.insert(0, str(Path(__file__).parent))
+    from stability import fresh_home  # a new EDGESPEC_HOME, the weights linked in
     runs, replay = [], None
     with tempfile.TemporaryDirectory() as tmp:
         def fresh_run(name: str, *extra: str) -> dict:
-            home = Path(tmp) / f"home-{name}"
-            home.mkdir()
-            (home / "models").symlink_to(edgespec_home() / "models")
+            home = fresh_home(Path(tmp), name)
             out = Path(tmp) / f"{name}.json"
             command = [sys.executable, __file__, "--child", str(out), "--target", args.target,
                        "--draft", args.draft, "--prompts", args.prompts, "--index", str(args.index),

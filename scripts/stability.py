@@ -46,7 +46,7 @@ def generate(prompt: list[str], home: Path, args, *extra: str) -> dict:
     return json.loads(out.stdout)["stats"]
 
 
-def fresh_home(parent: Path, run: int) -> Path:
+def fresh_home(parent: Path, run: int | str) -> Path:
     """A new EDGESPEC_HOME under ``parent`` with the weights linked in and nothing else."""
     home = parent / f"fresh-{run}"
     home.mkdir()

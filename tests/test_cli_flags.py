@@ -15,14 +15,10 @@ import pytest
 
 from edgespec.cli.main import make_parser
 from edgespec.measure.selfcheck import NEAR_TIE
+from test_cli import assert_one_line_error, edgespec
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPT = "Write one sentence about the sea. Then write another one."
-
-
-def edgespec(*args):
-    return subprocess.run([sys.executable, "-m", "edgespec", *map(str, args)],
-                          capture_output=True, text=True, timeout=600)
 
 
 def generate(model, *args) -> dict:
@@ -165,9 +161,8 @@ def refused(capsys, *args) -> tuple[int, list[str]]:
 
 def test_draft_n_as_llama_cpp_means_it_is_refused_naming_both_meanings():
     result = edgespec("generate", "-m", "model.gguf", "-p", "hi", "--draft", "4")
-    lines = result.stderr.strip().splitlines()
-    assert result.returncode == 2 and len(lines) == 1 and "Traceback" not in result.stderr
-    assert lines[0].startswith("edgespec: error: ") and "--draft-max 4" in lines[0] and "-md" in lines[0]
+    assert result.returncode == 2
+    assert_one_line_error(result, "--draft-max 4", "-md")
 
 
 @pytest.mark.parametrize("args, fragment", [

@@ -48,9 +48,9 @@ def check_exact_settings(flash_attn: bool | None, type_k: str | None, type_v: st
     """Refuse settings exact kernels cannot keep: they run flash attention over a
     q8_0 K/V cache (what the probe found to round alike in every pass size)."""
     from ..errors import EdgespecError
-    asked = [f"{flag} {value}" for flag, value in (("-fa", "off" if flash_attn is False else None),
-                                                   ("-ctk", type_k), ("-ctv", type_v))
-             if value is not None and value.lower() not in ("on", EXACT_KV_CACHE)]
+    asked = ["-fa off"] if flash_attn is False else []
+    asked += [f"{flag} {value}" for flag, value in (("-ctk", type_k), ("-ctv", type_v))
+              if value is not None and value.lower() != EXACT_KV_CACHE]
     if asked:
         raise EdgespecError(f"{' and '.join(asked)} cannot run on exact kernels, which need flash "
                             f"attention over a {EXACT_KV_CACHE} K/V cache: leave "

@@ -119,13 +119,6 @@ class VersionAction(argparse.Action):
 def versions() -> str:
     """``edgespec 0.1.0 (llama-cpp-python 0.3.36, mlx 0.29.3)``: the packages that run
     the models, as installed (``not installed`` where one is not)."""
-    from importlib.metadata import PackageNotFoundError, version
-
     from .. import __version__
-    found = []
-    for package in ("llama-cpp-python", "mlx"):
-        try:
-            found.append(f"{package} {version(package)}")
-        except PackageNotFoundError:
-            found.append(f"{package} not installed")
-    return f"edgespec {__version__} ({', '.join(found)})"
+    found = ", ".join(f"{package} {_version(package)}" for package in ("llama-cpp-python", "mlx"))
+    return f"edgespec {__version__} ({found})"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from ..core.backend import Backend
@@ -36,9 +36,19 @@ class BackendOptions:
     use_mmap: bool = True
     chat_template: str | None = None  # --chat-template: Jinja used instead of the model's own
 
-    # What only llama.cpp reads, with the flag that sets it and the value that leaves it as is.
-    LLAMA_CPP_ONLY = (("n_batch", "-b", 512), ("n_ubatch", "-ub", None), ("type_k", "-ctk", None),
-                      ("type_v", "-ctv", None), ("use_mmap", "--no-mmap", True))
+    # What only llama.cpp reads, with the flag that sets it (its default leaves it as is).
+    LLAMA_CPP_ONLY = {"n_batch": "-b", "n_ubatch": "-ub", "type_k": "-ctk", "type_v": "-ctv",
+                      "use_mmap": "--no-mmap"}
+
+    def llama_cpp_flags(self) -> list[str]:
+        """The flags of :attr:`LLAMA_CPP_ONLY` set to other than their defaults."""
+        defaults = {f.name: f.default for f in fields(self)}
+        return [flag for name, flag in self.LLAMA_CPP_ONLY.items() if getattr(self, name) != defaults[name]]
+
+    def without_llama_cpp_settings(self) -> "BackendOptions":
+        """These options with :attr:`LLAMA_CPP_ONLY` at their defaults (for an MLX model)."""
+        defaults = {f.name: f.default for f in fields(self)}
+        return replace(self, **{name: defaults[name] for name in self.LLAMA_CPP_ONLY})
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -72,7 +82,7 @@ def load_backend(spec: str, options: BackendOptions, *, name: str | None = None)
             type_k=options.type_k, type_v=options.type_v, use_mmap=options.use_mmap,
             name=name or _display_name(spec), rpc=options.rpc, kernels=options.kernels)
     else:
-        given = [flag for field, flag, unset in options.LLAMA_CPP_ONLY if getattr(options, field) != unset]
+        given = options.llama_cpp_flags()
         if given:
             raise EdgespecError(f"{', '.join(given)} set llama.cpp's batch and cache, which MLX "
                                 f"does not have: leave {'them' if len(given) > 1 else 'it'} out "
